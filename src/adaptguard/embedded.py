@@ -1,0 +1,260 @@
+"""The embedded default: tiny causal LMs that need no download.
+
+A byte-level BPE tokenizer (trained with the `tokenizers` library) and a small Llama model are built
+deterministically in-process and pretrained on generated text that teaches a handful of "general"
+skills (facts, antonyms, counting up). Fine-tuning on a new "domain" skill (counting down)
+can then be measured against how much of the general skills survive, as in paper 003 Fig. 1.
+
+The first call builds and caches the model under `$ADAPTGUARD_CACHE` (default
+`~/.cache/adaptguard`); later calls load it with safetensors. Nothing here is used by the library
+unless asked for: trainers take any Hub id or local path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+SYLLABLES = ["ka", "lo", "mi", "ra", "tu", "ven", "dor", "sa", "pel", "qui", "zan", "bo", "fi", "ne", "gru", "wy"]
+OBJECTS = [
+    "apple", "book", "chair", "door", "egg", "fork", "glass", "hat", "ink", "jar", "key", "lamp", "map",
+    "nail", "oven", "pen", "rope", "shoe", "table", "cup", "vase", "watch", "box", "yarn", "bell", "coin",
+    "drum", "fan", "kite", "ring", "sock", "tent", "bowl", "comb", "desk", "flag",
+]
+ANTONYMS = [
+    ("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("open", "closed"), ("light", "dark"),
+    ("old", "new"), ("early", "late"), ("full", "empty"), ("happy", "sad"), ("high", "low"), ("hard", "soft"),
+    ("long", "short"), ("rich", "poor"), ("wet", "dry"), ("near", "far"), ("loud", "quiet"), ("strong", "weak"),
+]
+SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}<|assistant|>{% generation %}{{ message['content'] }}<|end|>"
+    "{% endgeneration %}\n"
+    "{% else %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class EmbeddedSpec:
+    """Recipe of one embedded model; its hash names the cache folder, so any change rebuilds."""
+
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    intermediate_size: int = 384
+    vocab_size: int = 640
+    max_position_embeddings: int = 256
+    pretrain_steps: int = 1500
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    n_countries: int = 24
+    seed: int = 0
+    version: int = 1
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedSpec] = {"tiny": EmbeddedSpec()}
+
+
+def _pseudo_word(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(SYLLABLES) for _ in range(n))
+
+
+def world_facts(spec: EmbeddedSpec) -> list[tuple[str, str]]:
+    """Fictional (country, capital) pairs the base model memorises: its "knowledge"."""
+    rng = random.Random(1000 + spec.seed)
+    seen: set[str] = set()
+    facts = []
+    while len(facts) < spec.n_countries:
+        country, city = _pseudo_word(rng, 3).capitalize(), _pseudo_word(rng, 2).capitalize()
+        if country not in seen and city not in seen:
+            seen.update((country, city))
+            facts.append((country, city))
+    return facts
+
+
+def general_probes(spec: EmbeddedSpec) -> list[dict[str, str]]:
+    """Prompt/answer pairs, one skill each, that measure what pretraining taught (the general score)."""
+    rng = random.Random(2000 + spec.seed)
+    probes = [{"skill": "facts", "prompt": f"the capital of {c} is", "answer": f" {city} ."}
+              for c, city in world_facts(spec)]
+    probes += [{"skill": "antonyms", "prompt": f"the opposite of {a} is", "answer": f" {b} ."} for a, b in ANTONYMS]
+    for _ in range(24):
+        start = rng.randint(1, 90)
+        probes.append({"skill": "counting", "prompt": "count : " + " ".join(str(start + i) for i in range(3)),
+                       "answer": " " + " ".join(str(start + i) for i in range(3, 6)) + " ."})
+    return probes
+
+
+def pretraining_text(spec: EmbeddedSpec, rng: random.Random) -> str:
+    """One generated document: a line of one general skill."""
+    kind = rng.random()
+    if kind < 0.3:
+        country, city = rng.choice(world_facts(spec))
+        return f"the capital of {country} is {city} ."
+    if kind < 0.5:
+        a, b = rng.choice(ANTONYMS)
+        a, b = (a, b) if rng.random() < 0.5 else (b, a)
+        return f"the opposite of {a} is {b} ."
+    start = rng.randint(1, 90)
+    return "count : " + " ".join(str(start + i) for i in range(6)) + " ."
+
+
+def domain_examples(n: int, seed: int = 0, starts: range = range(6, 100)) -> list[dict[str, str]]:
+    """The fine-tuning "domain": count down, a skill pretraining never showed (it only counts up).
+
+    Held-out evaluation uses start values not drawn for training (see `domain_split`).
+    """
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        start = rng.choice(starts)
+        rows.append({"prompt": f"count down from {start} :",
+                     "completion": " " + " ".join(str(start - i) for i in range(1, 5)) + " ."})
+    return rows
+
+
+def domain_split(n_train: int = 256, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Train rows on even start values, test rows on every odd start (never seen as a start)."""
+    train = domain_examples(n_train, seed=seed, starts=range(6, 100, 2))
+    test = [{"prompt": f"count down from {s} :", "completion": " " + " ".join(str(s - i) for i in range(1, 5)) + " ."}
+            for s in range(7, 100, 2)]
+    return train, test
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ADAPTGUARD_CACHE", Path.home() / ".cache" / "adaptguard"))
+
+
+def _spec_hash(spec: EmbeddedSpec) -> str:
+    import tokenizers
+    import transformers
+
+    key = json.dumps({**asdict(spec), "torch": torch.__version__.split("+")[0],
+                      "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
+                     sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def build_tokenizer(spec: EmbeddedSpec):
+    """Byte-level BPE trained on the generated corpus, wrapped as a `PreTrainedTokenizerFast`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(spec.seed)
+    corpus = [pretraining_text(spec, rng) for _ in range(4000)]
+    corpus += [r["prompt"] + r["completion"] for r in domain_examples(200, seed=spec.seed)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=spec.vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|end|>",
+                                   bos_token=None, unk_token=None, chat_template=CHAT_TEMPLATE,
+                                   model_max_length=spec.max_position_embeddings)
+
+
+def _pretrain(spec: EmbeddedSpec, tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(spec.seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_heads,
+        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    model = LlamaForCausalLM(config)
+    rng = random.Random(spec.seed + 1)
+    eos = tokenizer.eos_token
+    optim = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=spec.learning_rate, total_steps=spec.pretrain_steps,
+                                                pct_start=0.1)
+    model.train()
+    for _ in range(spec.pretrain_steps):
+        texts = [pretraining_text(spec, rng) + eos for _ in range(spec.batch_size)]
+        batch = tokenizer(texts, return_tensors="pt", padding=True)
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        sched.step()
+        optim.zero_grad(set_to_none=True)
+    model.eval()
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def embedded_model_path(name: str = "tiny") -> Path:
+    """Local directory of the embedded model `name`, built (≈1 min on 2 CPU cores) on first use.
+
+    The directory loads with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`,
+    so it can stand wherever a Hub id is accepted.
+    """
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"Unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
+    spec = EMBEDDED_MODELS[name]
+    target = cache_root() / "embedded" / f"{name}-{_spec_hash(spec)}"
+    if (target / "model.safetensors").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(spec)
+    with torch.random.fork_rng():
+        model = _pretrain(spec, tokenizer)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "adaptguard_embedded.json").write_text(json.dumps({"name": name, **asdict(spec)}, indent=2))
+    try:
+        os.rename(tmp, target)  # atomic: a reader never sees a half-written model
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_embedded(name: str = "tiny"):
+    """(model, tokenizer) of the embedded model `name`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = embedded_model_path(name)
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+@torch.no_grad()
+def exact_match_score(model, tokenizer, rows: list[dict[str, str]], batch_size: int = 64,
+                      max_new_tokens: int = 16) -> float:
+    """Fraction of `rows` ({"prompt", "answer" or "completion"}) whose greedy continuation, cut after the
+    first " .", equals the answer exactly."""
+    if not rows:
+        raise ValueError("exact_match_score needs at least one row")
+    was_training, side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    hits = 0
+    try:
+        for i in range(0, len(rows), batch_size):
+            chunk = rows[i:i + batch_size]
+            batch = tokenizer([r["prompt"] for r in chunk], return_tensors="pt", padding=True).to(model.device)
+            out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+            for row, text in zip(chunk, texts):
+                answer = row.get("answer", row.get("completion"))
+                cut = text.find(" .")
+                hits += (text[:cut + 2] if cut >= 0 else text) == answer
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return hits / len(rows)

@@ -1,0 +1,30 @@
+"""pluggy hook specifications: the extension points of adaptguard.
+
+A plugin is a module or object with functions marked `@adaptguard.hookimpl`, advertised through the
+entry-point group `adaptguard`::
+
+    [project.entry-points.adaptguard]
+    my_plugin = "my_package.my_module"
+
+adaptguard's own built-ins register through the same hooks (`adaptguard.builtins`), as pytest's do.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "adaptguard"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def adaptguard_token_weightings() -> dict:
+    """Return `{name: weighting}` token-weighting schemes for `TALRTrainer(weighting=name)`.
+
+    A weighting is called as `weighting(token_nll, mask, args)` with `token_nll` (B, T) the detached
+    per-token NLL of the label tokens, `mask` (B, T) bool the supervised tokens and `args` the
+    `TALRConfig` (plugin options live in `args.weighting_kwargs`). It returns `(weights, stats)`:
+    weights (B, T) without gradient and 0 off the mask; stats a dict of 0-d tensors logged as
+    `talr/<key>` (e.g. `{"tau": tau}`). The loss is then `Σ w·nll / N`.
+    """

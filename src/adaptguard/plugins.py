@@ -1,0 +1,43 @@
+"""The plugin manager: built-ins plus everything in the entry-point group `adaptguard`."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import pluggy
+
+from . import builtins, hookspecs
+
+
+@functools.lru_cache(maxsize=1)
+def get_plugin_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    pm.register(builtins, name="adaptguard.builtins")
+    pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+    return pm
+
+
+def _collect(results: list[dict], kind: str) -> dict[str, Callable]:
+    merged: dict[str, Callable] = {}
+    # pluggy calls the last-registered plugin first: reverse so built-ins come first and a
+    # duplicate name from a third party is reported rather than silently shadowing.
+    for mapping in reversed(results):
+        for name, impl in mapping.items():
+            if name in merged and merged[name] is not impl:
+                raise ValueError(f"Two plugins register the {kind} {name!r}")
+            merged[name] = impl
+    return merged
+
+
+def token_weightings() -> dict[str, Callable]:
+    """All registered token-weighting schemes, by name."""
+    return _collect(get_plugin_manager().hook.adaptguard_token_weightings(), "token weighting")
+
+
+def get_token_weighting(name: str) -> Callable:
+    known = token_weightings()
+    if name not in known:
+        raise ValueError(f"Unknown weighting {name!r}; known weightings: {', '.join(sorted(known))}")
+    return known[name]

@@ -1,0 +1,282 @@
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from safetensors.torch import load_file, save_file
+from transformers.trainer_utils import get_last_checkpoint
+from trl import SFTConfig, SFTTrainer
+from trl.trainer.utils import add_fused_lm_head
+
+from .callbacks import TokenAnalysisCallback, WiseFTCallback
+from .losses import flow_sequence_weights, k3_kl, l2_to_init, sequence_mean_nll
+from .plugins import get_token_weighting
+from .talr_config import TALRConfig
+
+logger = logging.getLogger(__name__)
+
+FLOW_WEIGHTS_NAME = "adaptguard_flow_weights.safetensors"
+
+
+def _is_peft(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _to_talr_config(args) -> TALRConfig:
+    """Accept a plain `SFTConfig`/`TrainingArguments` (drop-in use) by lifting it to `TALRConfig` defaults."""
+    if isinstance(args, TALRConfig):
+        return args
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init and hasattr(args, f.name)}
+    names = {f.name for f in dataclasses.fields(TALRConfig)}
+    return TALRConfig(**{k: v for k, v in values.items() if k in names})
+
+
+class _FlowCollator:
+    """Passes the per-row FLOW weight through the collator as a (B,) tensor `flow_weight`."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __call__(self, examples):
+        weights = [e.pop("flow_weight") for e in examples] if "flow_weight" in examples[0] else None
+        batch = self.base(examples)
+        if weights is not None:
+            batch["flow_weight"] = torch.tensor(weights, dtype=torch.float32)
+        return batch
+
+
+class TALRTrainer(SFTTrainer):
+    r"""`SFTTrainer` with token-adaptive loss reweighting (TALR, paper 003 §4.1) and the domain-SFT
+    baselines (L2-to-init, k3-KL to the reference, FLOW, Wise-FT; LoRA through `peft_config`).
+
+    Same constructor as `SFTTrainer`, plus an optional `ref_model` for `kl_beta > 0` without PEFT (by
+    default a frozen copy of the initial model). The loss is
+
+        L = (1/N) Σ_t [w_t s_seq ℓ_t + β KL_k3,t] + λ Σ (θ − θ₀)²
+
+    with `w_t` from the weighting plugin (`args.weighting`), `s_seq` the FLOW weight (1 unless
+    `flow=True`) and N = `num_items_in_batch` (global supervised-token count), so that gradient
+    accumulation and DDP give the update of one big batch.
+    """
+
+    _tag_names = ["trl", "sft", "adaptguard", "talr"]
+    _name = "TALR"
+    loss_is_scaled_for_ga = True
+
+    def __init__(self, model, args: SFTConfig | None = None, *pos_args, ref_model=None, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+            args = TALRConfig(f"{str(name).rstrip('/').split('/')[-1]}-TALR")
+        args = _to_talr_config(args)
+        if kwargs.get("compute_loss_func") is not None:
+            raise ValueError("TALRTrainer computes its own loss: do not pass compute_loss_func "
+                             "(use `weighting=` or a weighting plugin instead).")
+        if args.label_smoothing_factor > 0:
+            raise ValueError("TALRTrainer does not support label_smoothing_factor > 0.")
+        if args.loss_type != "nll":
+            raise ValueError(f"TALRTrainer replaces loss_type; got loss_type={args.loss_type!r}. "
+                             "For DFT use weighting='dft'.")
+        self._weighting = get_token_weighting(args.weighting)
+        if args.flow and (args.packing or args.padding_free):
+            raise ValueError("flow=True weights whole sequences and cannot be combined with packing or padding_free.")
+        super().__init__(model, args, *pos_args, **kwargs)
+        if args.flow and not isinstance(self.train_dataset, Dataset):
+            raise ValueError("flow=True needs a map-style `datasets.Dataset` train_dataset (weights are per row).")
+
+        self._warned_empty = False
+        self._flow_weights: torch.Tensor | None = None
+        if args.flow:
+            self.data_collator = _FlowCollator(self.data_collator)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        self._trainable = [(n, p) for n, p in unwrapped.named_parameters() if p.requires_grad]
+        if args.l2_lambda > 0:
+            self._init_params = [p.detach().clone() for _, p in self._trainable]
+        if args.wise_ft_alpha is not None:
+            self.add_callback(WiseFTCallback(args.wise_ft_alpha, init_params=self._trainable))
+        if args.token_analysis:
+            self.add_callback(TokenAnalysisCallback(self))
+        self.ref_model = None
+        if args.kl_beta > 0 and not _is_peft(unwrapped):
+            self.ref_model = self._build_ref_model(ref_model if ref_model is not None else unwrapped)
+        elif ref_model is not None:
+            raise ValueError("ref_model is only used with kl_beta > 0 and a non-PEFT model "
+                             "(under PEFT the reference is the model with its adapters disabled).")
+
+    # ----------------------------------------------------------------------------------------- setup
+    def _build_ref_model(self, source):
+        if isinstance(source, str):
+            from transformers import AutoModelForCausalLM
+
+            ref = AutoModelForCausalLM.from_pretrained(source, **(self.args.model_init_kwargs or {}))
+        else:
+            ref = copy.deepcopy(source)
+            ref.__dict__.pop("forward", None)  # drop the policy's patched forward, patch the copy itself
+        add_fused_lm_head(ref)
+        ref.requires_grad_(False).eval()
+        if self.is_deepspeed_enabled:
+            from trl.models import prepare_deepspeed
+
+            return prepare_deepspeed(ref, self.accelerator)
+        return self.accelerator.prepare_model(ref, evaluation_mode=True)
+
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        if self.args.flow and "flow_weight" not in self._signature_columns:
+            self._signature_columns = [*self._signature_columns, "flow_weight"]
+
+    # ------------------------------------------------------------------------------------------ FLOW
+    @torch.no_grad()
+    def compute_flow_weights(self, dataset: Dataset) -> torch.Tensor:
+        """Mean supervised NLL of every row under the current (initial) model → FLOW weights (N,)."""
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        model.eval()
+        collate = self.data_collator.base if isinstance(self.data_collator, _FlowCollator) else self.data_collator
+        columns = [c for c in dataset.column_names if c in ("input_ids", "labels", "completion_mask",
+                                                             "assistant_masks", "seq_lengths")]
+        bs = self.args.per_device_eval_batch_size
+        seq_nll = []
+        for start in range(0, len(dataset), bs):
+            rows = dataset.select_columns(columns)[start:start + bs]
+            batch = collate([dict(zip(rows, values)) for values in zip(*rows.values())])
+            batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            out = model(**batch, use_cache=False, fused_lm_head=True)
+            mean_nll, _ = sequence_mean_nll(-out.log_probs.float(), out.label_mask)
+            seq_nll.append(mean_nll.cpu())
+        model.train(was_training)
+        weights, tau = flow_sequence_weights(torch.cat(seq_nll), self.args.flow_tau)
+        logger.info("FLOW: %d sequence weights, tau=%.4f, mean weight=%.4f", len(weights), tau, weights.mean())
+        return weights
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if self.args.flow and self._flow_weights is None:
+            checkpoint = resume_from_checkpoint
+            if checkpoint is True:
+                checkpoint = get_last_checkpoint(self.args.output_dir)
+            saved = Path(checkpoint) / FLOW_WEIGHTS_NAME if checkpoint else None
+            if saved is not None and saved.exists():
+                self._flow_weights = load_file(saved)["flow_weights"]
+            else:
+                self._flow_weights = self.compute_flow_weights(self.train_dataset)
+            if len(self._flow_weights) != len(self.train_dataset):
+                raise ValueError(f"{saved}: {len(self._flow_weights)} FLOW weights for a train_dataset of "
+                                 f"{len(self.train_dataset)} rows; was the checkpoint made on another dataset?")
+            if "flow_weight" in self.train_dataset.column_names:
+                self.train_dataset = self.train_dataset.remove_columns("flow_weight")
+            self.train_dataset = self.train_dataset.add_column("flow_weight", self._flow_weights.tolist())
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self._flow_weights is not None and self.args.should_save:
+            folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+            tmp = folder / (FLOW_WEIGHTS_NAME + ".tmp")
+            save_file({"flow_weights": self._flow_weights.contiguous()}, str(tmp))
+            os.replace(tmp, folder / FLOW_WEIGHTS_NAME)
+
+    # ------------------------------------------------------------------------------------------ loss
+    @torch.no_grad()
+    def _reference_log_probs(self, model, inputs) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self.ref_model(**inputs, fused_lm_head=True).log_probs
+        unwrapped = self.accelerator.unwrap_model(model)
+        with unwrapped.disable_adapter():
+            return unwrapped(**inputs, fused_lm_head=True).log_probs
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mode = "train" if self.model.training else "eval"
+        args = self.args
+        inputs["use_cache"] = False
+        if self.aux_loss_enabled:
+            inputs["output_router_logits"] = True
+        flow_weight = inputs.pop("flow_weight", None)
+
+        outputs = model(**inputs, fused_lm_head=True)
+        token_nll = -outputs.log_probs  # (B, T−1), 0 off the mask
+        mask = outputs.label_mask
+        weights, stats = self._weighting(token_nll.detach(), mask, args)
+        if weights.shape != token_nll.shape:
+            raise ValueError(f"Weighting {args.weighting!r} returned weights of shape {tuple(weights.shape)}, "
+                             f"expected {tuple(token_nll.shape)}")
+        per_token = weights.detach().to(token_nll.dtype) * token_nll
+        if flow_weight is not None and mode == "train":
+            per_token = per_token * flow_weight.to(per_token)[:, None]
+        kl = None
+        if args.kl_beta > 0:
+            kl = k3_kl(outputs.log_probs, self._reference_log_probs(model, inputs), mask)
+            per_token = per_token + args.kl_beta * kl
+        num_tokens = mask.sum() if num_items_in_batch is None else num_items_in_batch
+        loss = per_token.sum() / torch.as_tensor(num_tokens, device=per_token.device).clamp(min=1)
+        if args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        if mode == "train":
+            steps = self.current_gradient_accumulation_steps
+            if num_items_in_batch is None:
+                loss = loss / steps  # `loss_is_scaled_for_ga`: the Trainer leaves this to us
+            if args.l2_lambda > 0:
+                # Once per optimizer step, identical on every rank (DDP averages it back to itself)
+                l2 = l2_to_init([p for _, p in self._trainable], self._init_params)
+                loss = loss + args.l2_lambda * l2 / steps
+                self._metrics[mode]["talr/l2"].append(l2.item())
+            if self.aux_loss_enabled:
+                aux = self.router_aux_loss_coef * outputs.aux_loss
+                loss = loss + (aux / steps if num_items_in_batch is not None else aux)
+
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"Non-finite {mode} loss ({loss.item()}) at global step {self.state.global_step}: check the "
+                "learning rate, the data (empty or corrupted rows) and the precision (bf16/fp16)."
+            )
+        self._log_token_metrics(mode, inputs, outputs, weights, stats, kl)
+        if return_outputs:
+            with torch.no_grad():
+                outputs = model(**{k: v for k, v in inputs.items() if k != "labels"})
+        return (loss, outputs) if return_outputs else loss
+
+    def _log_token_metrics(self, mode, inputs, outputs, weights, stats, kl) -> None:
+        gather = self.accelerator.gather_for_metrics
+        mask = outputs.label_mask
+        p_gt = (outputs.log_probs.detach() > torch.log(torch.tensor(0.2))) & mask
+        at_floor = (weights <= self.args.talr_weight_floor) & mask
+        sums = torch.stack([
+            mask.sum().float(), outputs.entropy.detach().sum().float(), outputs.is_top1.sum().float(),
+            weights.sum().float(), at_floor.sum().float(), p_gt.sum().float(),
+            kl.detach().sum().float() if kl is not None else torch.zeros((), device=mask.device),
+        ])
+        n, entropy, top1, w_sum, floor, p_sum, kl_sum = gather(sums[None]).sum(0).tolist()
+        if n == 0 and not self._warned_empty:
+            logger.warning("A batch has no supervised (completion) token: its loss is 0. Check the dataset's "
+                           "completion/assistant masks and max_length truncation.")
+            self._warned_empty = True
+        m = self._metrics[mode]
+        # SFTTrainer's own metrics, as its compute_loss logs them
+        m["entropy"].append(entropy / n if n else 0.0)
+        m["mean_token_accuracy"].append(top1 / n if n else 0.0)
+        if n:
+            m["talr/mean_weight"].append(w_sum / n)
+            m["talr/frac_at_floor"].append(floor / n)
+            m["talr/frac_p_gt_0.2"].append(p_sum / n)
+            if kl is not None:
+                m["talr/kl"].append(kl_sum / n)
+        for key, value in stats.items():
+            value = gather(value.detach().float().reshape(1)).nanmean()
+            if torch.isfinite(value):
+                m[f"talr/{key}"].append(value.item())
+        if mode == "train":
+            if "attention_mask" in inputs:
+                local = inputs["attention_mask"].sum()
+            else:
+                local = torch.tensor(inputs["position_ids"].size(1), device=inputs["position_ids"].device)
+            self._total_train_tokens += gather(local).sum().item() // self._tp_size
+        m["num_tokens"] = [self._total_train_tokens]
+        if self.aux_loss_enabled:
+            m["aux_loss"].append(gather(outputs.aux_loss).mean().item())
