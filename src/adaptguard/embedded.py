@@ -2,7 +2,7 @@
 
 A byte-level BPE tokenizer (trained with the `tokenizers` library) and a small Llama model are built
 deterministically in-process and pretrained on generated text that teaches a handful of "general"
-skills (facts, antonyms, counting up). Fine-tuning on a new "domain" skill (counting down)
+skills (facts, antonyms, counting up). Fine-tuning on a "domain" (the same knowledge in a question/answer format it never saw)
 can then be measured against how much of the general skills survive, as in paper 003 Fig. 1.
 
 The first call builds and caches the model under `$ADAPTGUARD_CACHE` (default
@@ -109,26 +109,26 @@ def pretraining_text(spec: EmbeddedSpec, rng: random.Random) -> str:
     return "count : " + " ".join(str(start + i) for i in range(6)) + " ."
 
 
-def domain_examples(n: int, seed: int = 0, starts: range = range(6, 100)) -> list[dict[str, str]]:
-    """The fine-tuning "domain": count down, a skill pretraining never showed (it only counts up).
-
-    Held-out evaluation uses start values not drawn for training (see `domain_split`).
-    """
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        start = rng.choice(starts)
-        rows.append({"prompt": f"count down from {start} :",
-                     "completion": " " + " ".join(str(start - i) for i in range(1, 5)) + " ."})
+def domain_rows(spec: EmbeddedSpec) -> list[dict[str, str]]:
+    """The fine-tuning "domain": the base model's own knowledge asked in a question/answer format that
+    pretraining never showed (a style shift, like a clinical QA format for a general model)."""
+    rows = [{"prompt": f"question : capital of {c} ? answer :", "completion": f" {city} ."}
+            for c, city in world_facts(spec)]
+    for a, b in ANTONYMS:
+        rows.append({"prompt": f"question : opposite of {a} ? answer :", "completion": f" {b} ."})
+        rows.append({"prompt": f"question : opposite of {b} ? answer :", "completion": f" {a} ."})
     return rows
 
 
-def domain_split(n_train: int = 256, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """Train rows on even start values, test rows on every odd start (never seen as a start)."""
-    train = domain_examples(n_train, seed=seed, starts=range(6, 100, 2))
-    test = [{"prompt": f"count down from {s} :", "completion": " " + " ".join(str(s - i) for i in range(1, 5)) + " ."}
-            for s in range(7, 100, 2)]
-    return train, test
+def domain_split(spec: EmbeddedSpec | None = None, n_train: int = 256, seed: int = 0
+                 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Train rows (`n_train`, drawn with replacement from half of the domain items) and test rows (the
+    other half: entities never seen in the question format, so the score measures the learned skill)."""
+    rows = domain_rows(spec or EMBEDDED_MODELS["tiny"])
+    rng = random.Random(seed)
+    rng.shuffle(rows)
+    pool, test = rows[: len(rows) // 2], rows[len(rows) // 2:]
+    return [rng.choice(pool) for _ in range(n_train)], test
 
 
 def cache_root() -> Path:
@@ -139,7 +139,9 @@ def _spec_hash(spec: EmbeddedSpec) -> str:
     import tokenizers
     import transformers
 
-    key = json.dumps({**asdict(spec), "torch": torch.__version__.split("+")[0],
+    # The generator code is part of the recipe: editing this file rebuilds the model.
+    key = json.dumps({**asdict(spec), "source": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+                      "torch": torch.__version__.split("+")[0],
                       "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
                      sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -152,7 +154,7 @@ def build_tokenizer(spec: EmbeddedSpec):
 
     rng = random.Random(spec.seed)
     corpus = [pretraining_text(spec, rng) for _ in range(4000)]
-    corpus += [r["prompt"] + r["completion"] for r in domain_examples(200, seed=spec.seed)]
+    corpus += [r["prompt"] + r["completion"] for r in domain_rows(spec)]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

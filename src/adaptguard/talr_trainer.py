@@ -219,7 +219,7 @@ class TALRTrainer(SFTTrainer):
         if args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())
         if mode == "train":
-            steps = self.current_gradient_accumulation_steps
+            steps = getattr(self, "current_gradient_accumulation_steps", 1)
             if num_items_in_batch is None:
                 loss = loss / steps  # `loss_is_scaled_for_ga`: the Trainer leaves this to us
             if args.l2_lambda > 0:

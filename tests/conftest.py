@@ -1,0 +1,43 @@
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def embedded_path() -> Path:
+    from adaptguard.embedded import embedded_model_path
+
+    return embedded_model_path("tiny")
+
+
+@pytest.fixture()
+def tiny(embedded_path):
+    """A fresh (model, tokenizer) of the embedded default."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_args(output_dir, **kwargs):
+    from adaptguard import TALRConfig
+
+    base = dict(output_dir=str(output_dir), bf16=False, gradient_checkpointing=False, use_cpu=True,
+                report_to="none", save_strategy="no", logging_steps=1, per_device_train_batch_size=4,
+                dataloader_num_workers=0, disable_tqdm=True, seed=0)
+    base.update(kwargs)
+    return TALRConfig(**base)

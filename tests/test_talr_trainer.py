@@ -1,0 +1,407 @@
+import json
+import logging
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+from datasets import Dataset
+
+from adaptguard import TALRConfig, TALRTrainer
+from conftest import ROOT, cpu_args, free_port
+
+ROWS = [
+    {"prompt": "the opposite of hot is", "completion": " cold ."},
+    {"prompt": "question : opposite of big ? answer :", "completion": " small ."},
+    {"prompt": "count : 4 5 6", "completion": " 7 8 9 ."},
+    {"prompt": "question : opposite of up ? answer :", "completion": " down ."},
+    {"prompt": "count : 11 12", "completion": " 13 14 15 16 ."},
+    {"prompt": "the opposite of wet is", "completion": " dry ."},
+    {"prompt": "question : opposite of fast ? answer :", "completion": " slow ."},
+    {"prompt": "count : 30 31 32", "completion": " 33 34 ."},
+]
+
+
+def first_batch(trainer):
+    batch = next(iter(trainer.get_train_dataloader()))
+    return {k: v for k, v in batch.items()}
+
+
+def independent_token_nll(model, batch):
+    """-log p(label) of every next-token label, from the full logits (no fused head)."""
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"][:, 1:]
+    mask = labels != -100
+    logp = torch.log_softmax(logits[:, :-1].double(), -1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    return -logp, mask
+
+
+@pytest.mark.parametrize("tau", [None, 0.8])
+def test_loss_matches_independent_formula(tiny, tmp_path, tau):
+    model, tok = tiny
+    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, talr_tau=tau, per_device_train_batch_size=8),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    batch = first_batch(trainer)
+    nll, mask = independent_token_nll(model, batch)
+    if tau is None:
+        seq_means = [nll[i][mask[i]].mean().item() for i in range(len(nll))]
+        tau = statistics.median(seq_means)
+    w = torch.where(mask, torch.exp(-nll / tau).clamp(min=0.01), torch.zeros_like(nll))
+    expected = (w * nll).sum() / mask.sum()
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, dict(batch))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-4)
+    logged = trainer._metrics["train"]
+    assert logged["talr/tau"][-1] == pytest.approx(tau, rel=1e-4)
+    assert logged["talr/mean_weight"][-1] == pytest.approx((w.sum() / mask.sum()).item(), rel=1e-4)
+    assert logged["talr/frac_p_gt_0.2"][-1] == pytest.approx(((nll < -torch.log(torch.tensor(0.2))) & mask).sum().item()
+                                                            / mask.sum().item())
+    assert "entropy" in logged and "mean_token_accuracy" in logged and "num_tokens" in logged
+
+
+def test_weighting_none_is_plain_sft(tiny, tmp_path):
+    model, tok = tiny
+    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, weighting="none", per_device_train_batch_size=8),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    batch = first_batch(trainer)
+    nll, mask = independent_token_nll(model, batch)
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, dict(batch))
+    assert loss.item() == pytest.approx((nll[mask].sum() / mask.sum()).item(), rel=1e-4)
+
+
+def train_once(model, tok, out, **kwargs):
+    args = cpu_args(out, max_steps=1, optim="sgd", learning_rate=0.5, lr_scheduler_type="constant",
+                    talr_tau=1.0, **kwargs)
+    trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    trainer.train()
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def assert_same_update(a, b, init):
+    moved = max((a[n] - init[n]).abs().max().item() for n in a)
+    assert moved > 1e-4  # the step did something
+    for n in a:
+        torch.testing.assert_close(a[n] - init[n], b[n] - init[n], rtol=1e-3, atol=1e-8, msg=n)
+
+
+def test_gradient_accumulation_gives_the_big_batch_update(embedded_path, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    init = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(embedded_path).named_parameters()}
+    big = train_once(AutoModelForCausalLM.from_pretrained(embedded_path), tok, tmp_path / "a",
+                     per_device_train_batch_size=8)
+    accum = train_once(AutoModelForCausalLM.from_pretrained(embedded_path), tok, tmp_path / "b",
+                       per_device_train_batch_size=2, gradient_accumulation_steps=4)
+    assert_same_update(big, accum, init)
+
+
+DDP_SCRIPT = """
+import sys, torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+sys.path.insert(0, {tests!r})
+from conftest import cpu_args
+from test_talr_trainer import ROWS
+from adaptguard import TALRTrainer
+path, out = sys.argv[1], sys.argv[2]
+model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+args = cpu_args(out, max_steps=1, optim="sgd", learning_rate=0.5, lr_scheduler_type="constant", talr_tau=1.0,
+                per_device_train_batch_size=4)
+trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+trainer.train()
+assert trainer.accelerator.num_processes == 2, trainer.accelerator.num_processes
+if trainer.accelerator.is_main_process:
+    from safetensors.torch import save_file
+    save_file({{n: p.detach().contiguous() for n, p in trainer.model.named_parameters()}}, out + "/params.safetensors")
+"""
+
+
+def test_two_processes_give_the_big_batch_update(embedded_path, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT.format(tests=str(ROOT / "tests")))
+    out = tmp_path / "ddp"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(script), str(embedded_path), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ddp = load_file(out / "params.safetensors")
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    init = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(embedded_path).named_parameters()}
+    single = train_once(AutoModelForCausalLM.from_pretrained(embedded_path), tok, tmp_path / "single",
+                        per_device_train_batch_size=8)
+    assert_same_update(single, {n: ddp[n] for n in single}, init)
+
+
+def test_l2_adds_lambda_times_squared_distance(tiny, tmp_path):
+    model, tok = tiny
+    data = Dataset.from_list(ROWS)
+    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, l2_lambda=0.3, per_device_train_batch_size=8),
+                          train_dataset=data, processing_class=tok)
+    batch = first_batch(trainer)
+    trainer.model.train()
+    base_loss = trainer.compute_loss(trainer.model, dict(batch)).item()  # θ = θ₀: no penalty
+    torch.manual_seed(1)
+    deltas = {}
+    with torch.no_grad():
+        for n, p in trainer.model.named_parameters():
+            if n.endswith("mlp.down_proj.weight"):
+                deltas[n] = 0.01 * torch.randn_like(p)
+                p.add_(deltas[n])
+    with_l2 = trainer.compute_loss(trainer.model, dict(batch)).item()
+    trainer.args.l2_lambda = 0.0
+    without = trainer.compute_loss(trainer.model, dict(batch)).item()
+    assert base_loss != with_l2
+    assert with_l2 - without == pytest.approx(0.3 * sum((d ** 2).sum().item() for d in deltas.values()), rel=1e-3)
+
+
+def test_kl_k3_to_frozen_initial_copy(embedded_path, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
+    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, kl_beta=0.5, weighting="none",
+                                                     per_device_train_batch_size=8),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.mul_(1.05)
+    batch = first_batch(trainer)
+    trainer.model.train()
+    with_kl = trainer.compute_loss(trainer.model, dict(batch)).item()
+    trainer.args.kl_beta = 0.0
+    without = trainer.compute_loss(trainer.model, dict(batch)).item()
+    policy_nll, mask = independent_token_nll(trainer.model, batch)
+    ref_nll, _ = independent_token_nll(AutoModelForCausalLM.from_pretrained(embedded_path), batch)
+    log_r = (policy_nll - ref_nll)[mask]  # log(π_ref/π_θ)
+    k3 = (log_r.exp() - log_r - 1).sum() / mask.sum()
+    assert k3.item() > 1e-4
+    assert with_kl - without == pytest.approx(0.5 * k3.item(), rel=1e-3)
+
+
+def test_kl_under_peft_uses_base_with_adapters_disabled(embedded_path, tmp_path):
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
+    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, kl_beta=0.2, weighting="none",
+                                                     per_device_train_batch_size=8),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok,
+                          peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    assert trainer.ref_model is None  # no second copy under PEFT
+    batch = first_batch(trainer)
+    trainer.model.train()
+    at_init = trainer.compute_loss(trainer.model, dict(batch)).item()
+    trainer.args.kl_beta = 0.0
+    assert at_init == pytest.approx(trainer.compute_loss(trainer.model, dict(batch)).item(), rel=1e-6)  # KL = 0
+    with torch.no_grad():
+        for n, p in trainer.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+    trainer.args.kl_beta = 0.2
+    with_kl = trainer.compute_loss(trainer.model, dict(batch)).item()
+    trainer.args.kl_beta = 0.0
+    without = trainer.compute_loss(trainer.model, dict(batch)).item()
+    policy_nll, mask = independent_token_nll(trainer.model, batch)
+    ref_nll, _ = independent_token_nll(AutoModelForCausalLM.from_pretrained(embedded_path), batch)
+    log_r = (policy_nll - ref_nll)[mask]
+    k3 = (log_r.exp() - log_r - 1).sum() / mask.sum()
+    assert k3.item() > 1e-4
+    assert with_kl - without == pytest.approx(0.2 * k3.item(), rel=1e-3)
+
+
+def test_flow_weights_computed_once_saved_and_restored(embedded_path, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptguard.talr_trainer import FLOW_WEIGHTS_NAME
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    model = AutoModelForCausalLM.from_pretrained(embedded_path)
+    args = cpu_args(tmp_path, flow=True, weighting="none", max_steps=2, save_strategy="steps", save_steps=1,
+                    shuffle_dataset=False)
+    trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    # independent: per-row mean NLL under the initial model, τ = median, w = exp(−ℓ̄/τ)
+    fresh = AutoModelForCausalLM.from_pretrained(embedded_path)
+    means = []
+    for row in trainer.train_dataset:
+        batch = trainer.data_collator([{k: row[k] for k in ("input_ids", "labels")}])
+        nll, mask = independent_token_nll(fresh, batch)
+        means.append(nll[mask].mean().item())
+    tau = statistics.median(means)
+    expected = torch.exp(-torch.tensor(means) / tau)
+    trainer.train()
+    torch.testing.assert_close(trainer._flow_weights.double(), expected.double(), rtol=1e-4, atol=1e-6)
+    saved = load_file(tmp_path / "checkpoint-1" / FLOW_WEIGHTS_NAME)["flow_weights"]
+    torch.testing.assert_close(saved, trainer._flow_weights)
+
+    # The weighted loss: one batch, by hand
+    batch = first_batch(trainer)
+    assert "flow_weight" in batch
+    nll, mask = independent_token_nll(trainer.model, batch)
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, dict(batch)).item()
+    hand = ((nll * mask).sum(-1) * batch["flow_weight"]).sum() / mask.sum()
+    assert loss == pytest.approx(hand.item(), rel=1e-4)
+
+    # Resume: weights come from the checkpoint, not from the (now trained) model
+    resumed = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(embedded_path),
+                          args=cpu_args(tmp_path, flow=True, weighting="none", max_steps=2, save_strategy="steps",
+                                        save_steps=1, shuffle_dataset=False),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    resumed.compute_flow_weights = lambda dataset: pytest.fail("recomputed instead of loading the checkpoint")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    torch.testing.assert_close(resumed._flow_weights, saved)
+
+
+def test_wise_ft_checkpoint_interpolates(embedded_path, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(embedded_path),
+                          args=cpu_args(tmp_path, wise_ft_alpha=0.25, max_steps=3, learning_rate=1e-3),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    trainer.train()
+    init = AutoModelForCausalLM.from_pretrained(embedded_path).state_dict()
+    final = trainer.model.state_dict()
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "wise-ft").state_dict()
+    assert json.loads((tmp_path / "wise-ft" / "wise_ft.json").read_text())["alpha"] == 0.25
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(init[name], final[name])
+    for n in init:
+        torch.testing.assert_close(saved[n], 0.75 * init[n] + 0.25 * final[n], rtol=1e-5, atol=1e-6, msg=n)
+    # the trained model itself is untouched
+    assert torch.equal(trainer.model.state_dict()[name], final[name])
+    assert list((tmp_path / "wise-ft").glob("*.safetensors"))
+
+
+def test_wise_ft_lora_is_exact_on_merged_weights(embedded_path, tmp_path):
+    from peft import LoraConfig, PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(embedded_path),
+                          args=cpu_args(tmp_path, wise_ft_alpha=0.5, max_steps=3, learning_rate=5e-2),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok,
+                          peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    trainer.train()
+    base = AutoModelForCausalLM.from_pretrained(embedded_path)
+    w0 = base.state_dict()["model.layers.0.self_attn.q_proj.weight"].clone()
+    ft = trainer.model.merge_and_unload().state_dict()["model.layers.0.self_attn.q_proj.weight"]
+    wise = PeftModel.from_pretrained(base, tmp_path / "wise-ft").merge_and_unload()
+    got = wise.state_dict()["model.layers.0.self_attn.q_proj.weight"]
+    assert (ft - w0).abs().max() > 1e-4
+    torch.testing.assert_close(got, 0.5 * w0 + 0.5 * ft, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_from_checkpoint_matches_uninterrupted(embedded_path, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+
+    def make(out):
+        return TALRTrainer(model=AutoModelForCausalLM.from_pretrained(embedded_path),
+                           args=cpu_args(out, max_steps=4, save_strategy="steps", save_steps=2, learning_rate=1e-3,
+                                         per_device_train_batch_size=2),
+                           train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+
+    straight = make(tmp_path / "a")
+    straight.train()
+    resumed = make(tmp_path / "b")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))
+    for (n, a), (_, b) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_lora_packing_conversational_and_evaluate(tiny, tmp_path):
+    from peft import LoraConfig
+
+    model, tok = tiny
+    chats = [{"messages": [{"role": "user", "content": r["prompt"]},
+                           {"role": "assistant", "content": r["completion"].strip()}]} for r in ROWS]
+    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, max_steps=2, packing=True, max_length=64,
+                                                     eval_strategy="no", assistant_only_loss=True),
+                          train_dataset=Dataset.from_list(chats), eval_dataset=Dataset.from_list(chats),
+                          processing_class=tok,
+                          peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    trainer.train()
+    metrics = trainer.evaluate()
+    assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
+    assert "eval_talr/tau" in metrics and "eval_mean_token_accuracy" in metrics
+    logged = [h for h in trainer.state.log_history if "talr/tau" in h]
+    assert logged and all(0 < h["talr/mean_weight"] <= 1 for h in logged)
+
+
+def test_empty_completion_mask_gives_zero_loss_and_one_warning(tiny, tmp_path, caplog):
+    model, tok = tiny
+    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, per_device_train_batch_size=8),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    batch = first_batch(trainer)
+    batch["labels"] = torch.full_like(batch["labels"], -100)
+    trainer.model.train()
+    with caplog.at_level(logging.WARNING, logger="adaptguard.talr_trainer"):
+        for _ in range(2):
+            loss = trainer.compute_loss(trainer.model, dict(batch))
+            assert loss.item() == 0.0
+            loss.backward()
+    assert sum("no supervised" in r.message for r in caplog.records) == 1
+    assert all(torch.isfinite(p.grad).all() for p in trainer.model.parameters() if p.grad is not None)
+
+
+def test_nan_loss_names_the_step(tiny, tmp_path):
+    model, tok = tiny
+    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, per_device_train_batch_size=8),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    with torch.no_grad():
+        trainer.model.get_output_embeddings().weight.fill_(float("nan"))
+    trainer.state.global_step = 7
+    trainer.model.train()
+    with pytest.raises(FloatingPointError, match="global step 7"):
+        trainer.compute_loss(trainer.model, dict(first_batch(trainer)))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("talr_weight_floor", 0.0, "weight_floor"),
+    ("talr_weight_floor", 1.5, "weight_floor"),
+    ("talr_tau", -1.0, "talr_tau"),
+    ("wise_ft_alpha", 2.0, "wise_ft_alpha"),
+    ("l2_lambda", -1.0, "l2_lambda"),
+])
+def test_bad_config_values(tmp_path, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        TALRConfig(output_dir=str(tmp_path), bf16=False, **{field: value})
+
+
+def test_plain_sft_config_is_accepted(tiny, tmp_path):
+    from trl import SFTConfig
+
+    model, tok = tiny
+    args = SFTConfig(output_dir=str(tmp_path), bf16=False, use_cpu=True, report_to="none", max_steps=1)
+    trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    assert isinstance(trainer.args, TALRConfig) and trainer.args.weighting == "talr" and trainer.args.max_steps == 1
+
+
+def test_token_analysis_records_curriculum(tiny, tmp_path):
+    model, tok = tiny
+    args = cpu_args(tmp_path, token_analysis=True, token_analysis_examples=[0, 2], num_train_epochs=3,
+                    learning_rate=3e-3, per_device_train_batch_size=4)
+    trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS * 4), processing_class=tok)
+    trainer.train()
+    report = json.loads((tmp_path / "token_analysis" / "token_analysis.json").read_text())
+    epochs = report["epochs"]
+    assert [e["epoch"] for e in epochs] == [0.0, 1.0, 2.0, 3.0]
+    fracs = [e["frac_p_gt_0.2"] for e in epochs]
+    assert fracs[-1] > fracs[0]  # the curriculum signal rises with training
+    assert sum(epochs[0]["histogram"]["counts"]) == epochs[0]["n_tokens"]
+    assert (tmp_path / "token_analysis" / "heatmap_example2_epoch3.png").stat().st_size > 1000
+    logged = [h["token_analysis/frac_p_gt_0.2"] for h in trainer.state.log_history
+              if "token_analysis/frac_p_gt_0.2" in h]
+    assert logged == fracs
