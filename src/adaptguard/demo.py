@@ -40,6 +40,11 @@ METHODS = {
 }
 
 
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
 def general_scores(model, tokenizer, probes) -> dict[str, float]:
     from .embedded import exact_match_score
 
@@ -49,10 +54,11 @@ def general_scores(model, tokenizer, probes) -> dict[str, float]:
     return scores
 
 
-def _train_one(method: Method, lr: float, path: Path, train_rows, work: Path, epochs: int, token_analysis: bool):
+def _train_one(method: Method, lr: float, seed: int, path: Path, train_rows, work: Path, epochs: int,
+               token_analysis: bool):
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
     from .talr_config import TALRConfig
     from .talr_trainer import TALRTrainer
@@ -61,13 +67,14 @@ def _train_one(method: Method, lr: float, path: Path, train_rows, work: Path, ep
     args = TALRConfig(
         output_dir=str(work), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none",
         save_strategy="no", per_device_train_batch_size=16, num_train_epochs=epochs, learning_rate=lr,
-        lr_scheduler_type="constant", logging_steps=4, disable_tqdm=True, seed=0,
+        lr_scheduler_type="constant", logging_steps=4, disable_tqdm=True, seed=seed,
         token_analysis=token_analysis, token_analysis_examples=[0, 1], **method.config,
     )
     peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM") \
         if method.lora else None
     trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(train_rows),
                           processing_class=tok, peft_config=peft_config)
+    trainer.remove_callback(PrinterCallback)  # the demo prints its own one line per run
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -117,7 +124,10 @@ def markdown_report(report: dict) -> str:
         "questions; general score = mean exact match over the pretraining skills "
         f"({', '.join(report['settings']['skills'])}). Paper 003 Fig. 1–2 layout.",
         "",
-        f"Base model: domain {base['domain']:.3f}, general {base['general']:.3f}.",
+        f"Base model: domain {base['domain']:.3f}, general {base['general']:.3f}. Each row is the mean over "
+        f"training seeds {report['settings']['seeds']} ({report['settings']['epochs']} epochs, "
+        f"{report['settings']['train_rows']} training rows, {report['settings']['test_rows']} held-out questions, "
+        f"{report['settings']['general_probes']} general probes).",
         "",
         "| method | learning rate | domain | general | " + " | ".join(report["settings"]["skills"])
         + " | final train loss | train s |",
@@ -145,10 +155,15 @@ def markdown_report(report: dict) -> str:
 
 def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
     """Run the trade-off sweep and write the report into `out_dir`; returns the report dict."""
+    import datasets
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .embedded import EMBEDDED_MODELS, domain_split, embedded_model_path, exact_match_score, general_probes
 
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,9 +172,9 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
     train_rows, test_rows = domain_split(spec)
     probes = general_probes(spec)
     if quick:
-        methods, lrs, epochs = ["SFT", "TALR"], [1e-4, 1e-3], 2
+        methods, lrs, epochs, seeds = ["SFT", "TALR"], [1e-4, 1e-3], 2, [0]
     else:
-        methods, lrs, epochs = list(METHODS), [1e-4, 3e-4, 1e-3], 4
+        methods, lrs, epochs, seeds = list(METHODS), [1e-4, 3e-4, 1e-3, 3e-3], 4, [0, 1]
     talr_analysis_lr = lrs[len(lrs) // 2]
 
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
@@ -170,25 +185,34 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="adaptguard-demo-") as work_root:
         for name in methods:
             for lr in lrs:
-                work = Path(work_root) / f"{name}-{lr:g}"
-                analyse = name == "TALR" and lr == talr_analysis_lr
-                trained, tok, seconds, loss = _train_one(METHODS[name], lr, path, train_rows, work, epochs, analyse)
-                skills = general_scores(trained, tok, probes)
-                run = {"method": name, "learning_rate": lr, "domain": exact_match_score(trained, tok, test_rows),
-                       "general": skills["general"], "skills": skills, "final_train_loss": loss,
-                       "train_seconds": seconds, "config": METHODS[name].config, "lora": METHODS[name].lora}
-                logger.info("%s lr=%g: domain %.3f general %.3f", name, lr, run["domain"], run["general"])
+                per_seed = []
+                for seed in seeds:
+                    work = Path(work_root) / f"{name}-{lr:g}-{seed}"
+                    analyse = name == "TALR" and lr == talr_analysis_lr and seed == seeds[0]
+                    trained, tok, seconds, loss = _train_one(METHODS[name], lr, seed, path, train_rows, work,
+                                                             epochs, analyse)
+                    skills = general_scores(trained, tok, probes)
+                    per_seed.append({"seed": seed, "domain": exact_match_score(trained, tok, test_rows),
+                                     "general": skills["general"], "skills": skills, "final_train_loss": loss,
+                                     "train_seconds": seconds})
+                    if analyse:
+                        target = out / "token_analysis"
+                        shutil.rmtree(target, ignore_errors=True)
+                        shutil.copytree(work / "token_analysis", target)
+                        token_analysis = {"learning_rate": lr,
+                                          **json.loads((target / "token_analysis.json").read_text())}
+                run = {"method": name, "learning_rate": lr, "config": METHODS[name].config, "lora": METHODS[name].lora,
+                       "domain": _mean(r["domain"] for r in per_seed),
+                       "general": _mean(r["general"] for r in per_seed),
+                       "skills": {k: _mean(r["skills"][k] for r in per_seed) for k in per_seed[0]["skills"]},
+                       "final_train_loss": _mean(r["final_train_loss"] for r in per_seed),
+                       "train_seconds": _mean(r["train_seconds"] for r in per_seed), "seeds": per_seed}
                 print(f"  {name:8s} lr={lr:<7g} domain={run['domain']:.3f} general={run['general']:.3f}", flush=True)
                 runs.append(run)
-                if analyse:
-                    target = out / "token_analysis"
-                    shutil.rmtree(target, ignore_errors=True)
-                    shutil.copytree(work / "token_analysis", target)
-                    token_analysis = {"learning_rate": lr,
-                                      **json.loads((target / "token_analysis.json").read_text())}
     command = "adaptguard demo" + (" --quick" if quick else "") + f" --out {out_dir}"
     report = {
         "settings": {"model": "embedded:tiny", "methods": methods, "learning_rates": lrs, "epochs": epochs,
+                     "seeds": seeds,
                      "train_rows": len(train_rows), "test_rows": len(test_rows), "general_probes": len(probes),
                      "skills": sorted({p["skill"] for p in probes}), "quick": quick, "command": command},
         "base": base, "runs": runs, "token_analysis": token_analysis,
