@@ -202,10 +202,11 @@ def save_heatmap(tokens: list[str], probs: list[float], path: Path, title: str =
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    width = max(1, min(width, len(tokens)))
     rows = max(1, math.ceil(len(tokens) / width))
     grid = torch.full((rows, width), float("nan"))
     grid.view(-1)[: len(probs)] = torch.tensor(probs, dtype=torch.float32)
-    fig, ax = plt.subplots(figsize=(min(1.0 * width, 18), 0.6 * rows + 1.2))
+    fig, ax = plt.subplots(figsize=(min(1.0 * width + 2, 18), 0.6 * rows + 1.2))
     im = ax.imshow(grid.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
     for i, tok in enumerate(tokens):
         ax.text(i % width, i // width, tok.replace("\n", "\\n")[:10], ha="center", va="center", fontsize=7,

@@ -35,11 +35,11 @@ ANTONYMS = [
     ("long", "short"), ("rich", "poor"), ("wet", "dry"), ("near", "far"), ("loud", "quiet"), ("strong", "weak"),
 ]
 SPECIAL_TOKENS = ["<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
-CHAT_TEMPLATE = (
+CHAT_TEMPLATE = (  # transformers renders with trim_blocks: newlines are written as {{ '\n' }}
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}<|assistant|>{% generation %}{{ message['content'] }}<|end|>"
-    "{% endgeneration %}\n"
-    "{% else %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>\n{% endif %}"
+    "{% endgeneration %}{{ '\\n' }}"
+    "{% else %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{{ '\\n' }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 

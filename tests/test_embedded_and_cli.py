@@ -1,0 +1,117 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def test_tokenizer_is_deterministic_and_round_trips():
+    from adaptguard.embedded import EMBEDDED_MODELS, build_tokenizer
+
+    spec = EMBEDDED_MODELS["tiny"]
+    a, b = build_tokenizer(spec), build_tokenizer(spec)
+    assert a.get_vocab() == b.get_vocab()
+    text = "question : capital of Kalomi ? answer : Rasa ."
+    assert a.decode(a(text)["input_ids"]) == text
+    chat = a.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+                                 tokenize=False)
+    assert chat == "<|user|>hi<|end|>\n<|assistant|>yo<|end|>\n"
+
+
+def test_embedded_model_has_general_abilities_and_lacks_the_domain(tiny):
+    from adaptguard.demo import general_scores
+    from adaptguard.embedded import EMBEDDED_MODELS, domain_split, exact_match_score, general_probes
+
+    model, tok = tiny
+    spec = EMBEDDED_MODELS["tiny"]
+    scores = general_scores(model, tok, general_probes(spec))
+    assert scores["general"] >= 0.95, scores
+    _, test = domain_split(spec)
+    assert exact_match_score(model, tok, test) <= 0.1
+
+
+def test_domain_split_holds_out_entities():
+    from adaptguard.embedded import domain_split
+
+    train, test = domain_split(n_train=300)
+    assert len(train) == 300
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+
+
+def test_embedded_path_is_cached(embedded_path):
+    from adaptguard.embedded import embedded_model_path
+
+    before = (embedded_path / "model.safetensors").stat().st_mtime_ns
+    assert embedded_model_path("tiny") == embedded_path
+    assert (embedded_path / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_unknown_embedded_name():
+    from adaptguard.embedded import embedded_model_path
+
+    with pytest.raises(ValueError, match="known: \\['tiny'\\]"):
+        embedded_model_path("huge")
+
+
+def test_exact_match_score():
+    from adaptguard.embedded import exact_match_score
+
+    with pytest.raises(ValueError, match="at least one row"):
+        exact_match_score(None, None, [])
+
+
+def test_cli_demo_quick(tmp_path, embedded_path):
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "demo", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert {r["method"] for r in report["runs"]} == {"SFT", "TALR"}
+    assert len(report["runs"]) == 4
+    for run in report["runs"]:
+        assert 0 <= run["domain"] <= 1 and 0 <= run["general"] <= 1
+    assert report["base"]["general"] >= 0.95
+    # a high learning rate must move the model: the domain is learned or the general score drops
+    high = [r for r in report["runs"] if r["method"] == "SFT" and r["learning_rate"] == 1e-3][0]
+    assert high["domain"] > report["base"]["domain"] or high["general"] < report["base"]["general"]
+    assert report["token_analysis"]["epochs"]
+    assert (out / "tradeoff.png").stat().st_size > 5000
+    md = (out / "report.md").read_text()
+    assert "| TALR | 0.001 |" in md and "tradeoff.png" in md
+    assert not list(out.glob(".*"))  # no temporary files left behind
+
+
+def test_cli_embedded_prints_path(embedded_path):
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "embedded"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(embedded_path)
+
+
+def test_cli_unknown_embedded_name_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "embedded", "huge"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "huge" in proc.stderr and "tiny" in proc.stderr
+
+
+def test_benchmark_script_runs_small():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_talr.py"), "--steps", "2", "--vocab",
+                           "512", "--seq", "32", "--batch", "2", "--hidden", "32", "--layers", "1",
+                           "--memory-repeats", "1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    values = dict(line.split(": ", 1) for line in proc.stdout.strip().splitlines())
+    assert float(values["talr_step_time_ratio"]) > 0 and float(values["talr_peak_memory_ratio"]) > 0
+
+
+def test_example_script_offline(tmp_path, embedded_path):
+    out = tmp_path / "ex"
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "sft_talr.py"), "--model_name_or_path",
+                           str(embedded_path), "--dataset_name", "embedded:domain", "--max_steps", "3",
+                           "--per_device_train_batch_size", "4", "--bf16", "False", "--use_cpu", "--report_to",
+                           "none", "--output_dir", str(out), "--talr_tau", "0.5"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "model.safetensors").exists()
+    args = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    assert args["global_step"] == 3
