@@ -405,3 +405,32 @@ def test_token_analysis_records_curriculum(tiny, tmp_path):
     logged = [h["token_analysis/frac_p_gt_0.2"] for h in trainer.state.log_history
               if "token_analysis/frac_p_gt_0.2" in h]
     assert logged == fracs
+
+
+def test_compute_loss_func_route_agrees_with_trainer(embedded_path, tmp_path):
+    """SPEC: TALR is also usable as `SFTTrainer(compute_loss_func=...)`; both routes give one loss."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from adaptguard.losses import talr_loss_func
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    talr = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(embedded_path),
+                       args=cpu_args(tmp_path / "a", per_device_train_batch_size=8),
+                       train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        sft = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(embedded_path),
+                         args=SFTConfig(output_dir=str(tmp_path / "b"), bf16=False, use_cpu=True, report_to="none",
+                                        per_device_train_batch_size=8),
+                         train_dataset=Dataset.from_list(ROWS), processing_class=tok,
+                         compute_loss_func=talr_loss_func())
+    batch = first_batch(talr)
+    talr.model.train()
+    sft.model.train()
+    n = (batch["labels"][:, 1:] != -100).sum()
+    a = talr.compute_loss(talr.model, dict(batch), num_items_in_batch=n)
+    b = sft.compute_loss(sft.model, dict(batch), num_items_in_batch=n)
+    assert a.item() == pytest.approx(b.item(), rel=1e-4)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -245,7 +246,7 @@ class TALRTrainer(SFTTrainer):
     def _log_token_metrics(self, mode, inputs, outputs, weights, stats, kl) -> None:
         gather = self.accelerator.gather_for_metrics
         mask = outputs.label_mask
-        p_gt = (outputs.log_probs.detach() > torch.log(torch.tensor(0.2))) & mask
+        p_gt = (outputs.log_probs.detach() > math.log(0.2)) & mask
         at_floor = (weights <= self.args.talr_weight_floor) & mask
         sums = torch.stack([
             mask.sum().float(), outputs.entropy.detach().sum().float(), outputs.is_top1.sum().float(),
