@@ -127,31 +127,16 @@ class TokenAnalysisCallback(TrainerCallback):
     def out_dir(self) -> Path:
         return Path(self.trainer.args.output_dir) / "token_analysis"
 
-    @torch.no_grad()
     def token_probabilities(self) -> list[tuple[list[int], torch.Tensor]]:
         """[(label token ids, probabilities)] of the supervised tokens of each analysed row."""
         trainer = self.trainer
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        was_training = model.training
-        model.eval()
-        dataset = trainer.train_dataset
-        n = min(len(dataset), trainer.args.token_analysis_max_examples)
-        columns = [c for c in dataset.column_names if c in ("input_ids", "labels", "completion_mask",
-                                                             "assistant_masks", "seq_lengths")]
-        collate = getattr(trainer.data_collator, "base", trainer.data_collator)
-        rows_out = []
-        bs = trainer.args.per_device_eval_batch_size
-        for start in range(0, n, bs):
-            chunk = dataset.select_columns(columns)[start:min(start + bs, n)]
-            batch = collate([dict(zip(chunk, values)) for values in zip(*chunk.values())])
-            batch = {k: v.to(trainer.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            out = model(**batch, use_cache=False, fused_lm_head=True)
+        rows = []
+        for batch, out in trainer.score_rows(trainer.train_dataset, trainer.args.token_analysis_max_examples):
             labels = batch["labels"][:, 1:]
             for i in range(labels.shape[0]):
                 keep = out.label_mask[i]
-                rows_out.append((labels[i][keep].tolist(), out.log_probs[i][keep].float().exp().cpu()))
-        model.train(was_training)
-        return rows_out
+                rows.append((labels[i][keep].tolist(), out.log_probs[i][keep].float().exp().cpu()))
+        return rows
 
     def analyse(self, epoch: float, step: int) -> dict:
         rows = self.token_probabilities()

@@ -136,24 +136,29 @@ class TALRTrainer(SFTTrainer):
 
     # ------------------------------------------------------------------------------------------ FLOW
     @torch.no_grad()
-    def compute_flow_weights(self, dataset: Dataset) -> torch.Tensor:
-        """Mean supervised NLL of every row under the current (initial) model → FLOW weights (N,)."""
+    def score_rows(self, dataset: Dataset, limit: int | None = None):
+        """Yield `(batch, fused outputs)` of the current model, in eval mode, over the first `limit` rows of
+        a prepared (tokenized) dataset, `per_device_eval_batch_size` rows at a time."""
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         model.eval()
-        collate = self.data_collator.base if isinstance(self.data_collator, _FlowCollator) else self.data_collator
-        columns = [c for c in dataset.column_names if c in ("input_ids", "labels", "completion_mask",
-                                                             "assistant_masks", "seq_lengths")]
+        collate = getattr(self.data_collator, "base", self.data_collator)  # without the FLOW pass-through
+        columns = [c for c in dataset.column_names if c in ("input_ids", "labels", "seq_lengths")]
+        n = len(dataset) if limit is None else min(limit, len(dataset))
         bs = self.args.per_device_eval_batch_size
-        seq_nll = []
-        for start in range(0, len(dataset), bs):
-            rows = dataset.select_columns(columns)[start:start + bs]
-            batch = collate([dict(zip(rows, values)) for values in zip(*rows.values())])
-            batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            out = model(**batch, use_cache=False, fused_lm_head=True)
-            mean_nll, _ = sequence_mean_nll(-out.log_probs.float(), out.label_mask)
-            seq_nll.append(mean_nll.cpu())
-        model.train(was_training)
+        try:
+            for start in range(0, n, bs):
+                rows = dataset.select_columns(columns)[start:min(start + bs, n)]
+                batch = collate([dict(zip(rows, values)) for values in zip(*rows.values())])
+                batch = {k: v.to(self.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+                yield batch, model(**batch, use_cache=False, fused_lm_head=True)
+        finally:
+            model.train(was_training)
+
+    def compute_flow_weights(self, dataset: Dataset) -> torch.Tensor:
+        """Mean supervised NLL of every row under the current (initial) model → FLOW weights (N,)."""
+        seq_nll = [sequence_mean_nll(-out.log_probs.float(), out.label_mask)[0].cpu()
+                   for _, out in self.score_rows(dataset)]
         weights, tau = flow_sequence_weights(torch.cat(seq_nll), self.args.flow_tau)
         logger.info("FLOW: %d sequence weights, tau=%.4f, mean weight=%.4f", len(weights), tau, weights.mean())
         return weights
