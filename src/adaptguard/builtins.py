@@ -24,3 +24,32 @@ def dft_weighting(token_nll: torch.Tensor, mask: torch.Tensor, args) -> tuple[to
 @hookimpl
 def adaptguard_token_weightings() -> dict:
     return {"talr": talr_weighting, "none": plain_weighting, "dft": dft_weighting}
+
+
+def _rouge(kind: str):
+    def similarity(predictions: list[str], references: list[list[str]]) -> list[float]:
+        from rouge_score import rouge_scorer
+
+        scorer = rouge_scorer.RougeScorer([kind], use_stemmer=True)
+        return [scorer.score_multi(refs, pred)[kind].fmeasure for pred, refs in zip(predictions, references)]
+
+    return similarity
+
+
+def bleu_similarity(predictions: list[str], references: list[list[str]]) -> list[float]:
+    """Sentence BLEU (sacrebleu), scaled to [0, 1]."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(effective_order=True)
+    return [bleu.sentence_score(pred, refs).score / 100.0 for pred, refs in zip(predictions, references)]
+
+
+def exact_match_similarity(predictions: list[str], references: list[list[str]]) -> list[float]:
+    """1.0 when the prediction equals one of the references after stripping surrounding whitespace."""
+    return [float(pred.strip() in {r.strip() for r in refs}) for pred, refs in zip(predictions, references)]
+
+
+@hookimpl
+def adaptguard_similarities() -> dict:
+    return {"rouge1": _rouge("rouge1"), "rouge2": _rouge("rouge2"), "rougeL": _rouge("rougeL"),
+            "bleu": bleu_similarity, "exact_match": exact_match_similarity}

@@ -22,6 +22,19 @@ def _embedded(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(ns: argparse.Namespace) -> int:
+    from .compare import compare_runs, to_text, write_outputs
+
+    report = compare_runs(ns.old, ns.new, similarity=ns.similarity, metric=ns.metric,
+                          compatible_path=ns.compatible, n_boot=ns.n_boot, seed=ns.seed)
+    print(to_text(report))
+    write_outputs(report, ns.json, ns.markdown, ns.plot)
+    for label, path in (("json", ns.json), ("markdown", ns.markdown), ("plot", ns.plot)):
+        if path:
+            print(f"{label}: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptguard", description="Adapt and update LLMs without breaking "
                                      "what already works.")
@@ -30,6 +43,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="demo-out", help="Output directory (default: demo-out).")
     demo.add_argument("--quick", action="store_true", help="SFT vs TALR at two learning rates only (CI smoke).")
     demo.set_defaults(func=_demo)
+    cmp = sub.add_parser("compare", help="Compatibility metrics (negative/positive flips, ...) between two lm-eval "
+                         "runs saved with --log_samples.")
+    cmp.add_argument("old", help="old model's run: an lm-eval --output_path directory or a samples_*.jsonl file")
+    cmp.add_argument("new", help="new model's run, same form")
+    cmp.add_argument("--compatible", help="a third run (e.g. a compatibility adapter): adds the Δ-metrics")
+    cmp.add_argument("--similarity", help="score generations with this similarity plugin (rouge1, rouge2, rougeL, "
+                     "bleu, exact_match, or a plugin's) for smooth flips")
+    cmp.add_argument("--metric", help="0/1 per-sample metric for correctness (default: acc, exact_match or em)")
+    cmp.add_argument("--json", help="write the metrics as JSON")
+    cmp.add_argument("--markdown", help="write the table as Markdown")
+    cmp.add_argument("--plot", help="draw the flip quadrants as PNG")
+    cmp.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals")
+    cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    cmp.set_defaults(func=_compare)
     emb = sub.add_parser("embedded", help="Build (once) and print the local path of an embedded default model, "
                          "usable wherever a Hub id is accepted.")
     emb.add_argument("name", nargs="?", default="tiny")

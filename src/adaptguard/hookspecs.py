@@ -28,3 +28,13 @@ def adaptguard_token_weightings() -> dict:
     weights (B, T) without gradient and 0 off the mask; stats a dict of 0-d tensors logged as
     `talr/<key>` (e.g. `{"tau": tau}`). The loss is then `Σ w·nll / N`.
     """
+
+
+@hookspec
+def adaptguard_similarities() -> dict:
+    """Return `{name: similarity}` for generative compatibility metrics (`D(x) = S(new) − S(old)`).
+
+    A similarity is called as `similarity(predictions, references)` with `predictions` a list of N
+    strings and `references` a list of N lists of reference strings; it returns N floats (higher =
+    more similar; the best over an item's references).
+    """

@@ -41,3 +41,15 @@ def get_token_weighting(name: str) -> Callable:
     if name not in known:
         raise ValueError(f"Unknown weighting {name!r}; known weightings: {', '.join(sorted(known))}")
     return known[name]
+
+
+def similarities() -> dict[str, Callable]:
+    """All registered similarity functions for generative flips, by name."""
+    return _collect(get_plugin_manager().hook.adaptguard_similarities(), "similarity")
+
+
+def get_similarity(name: str) -> Callable:
+    known = similarities()
+    if name not in known:
+        raise ValueError(f"Unknown similarity {name!r}; known similarities: {', '.join(sorted(known))}")
+    return known[name]

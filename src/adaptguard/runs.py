@@ -1,0 +1,114 @@
+"""Reading lm-eval `--log_samples` output: `samples_<task>_<timestamp>.jsonl` (+ the sibling
+`results_<timestamp>.json` for the task configs and few-shot settings), from files or directories of
+any depth. Only the standard library: this is called on every `adaptguard compare`."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SAMPLES_RE = re.compile(r"^samples_(?P<task>.+)_(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}\.\d+)\.jsonl$")
+
+
+class RunError(ValueError):
+    """A run cannot be read or compared; the message names the file, task or field."""
+
+
+@dataclass
+class Sample:
+    doc_id: int
+    filter: str
+    doc_hash: str | None
+    target_hash: str | None
+    prompt_hash: str | None
+    target: object
+    response: object  # filtered_resps
+    metrics: dict[str, float]
+
+
+@dataclass
+class TaskRun:
+    task: str
+    path: Path
+    samples: dict[tuple[str, int], Sample]
+    config: dict = field(default_factory=dict)
+    num_fewshot: int | None = None
+
+    @property
+    def filters(self) -> list[str]:
+        return sorted({f for f, _ in self.samples})
+
+    @property
+    def output_type(self) -> str | None:
+        return self.config.get("output_type")
+
+
+def find_sample_files(path: str | Path) -> dict[str, Path]:
+    """{task: samples file} under `path` (a samples file or a directory searched at any depth)."""
+    path = Path(path)
+    if not path.exists():
+        raise RunError(f"{path}: no such file or directory")
+    files = [path] if path.is_file() else sorted(path.rglob("samples_*.jsonl"))
+    if path.is_file() and not SAMPLES_RE.match(path.name):
+        raise RunError(f"{path}: not an lm-eval samples file (expected samples_<task>_<timestamp>.jsonl)")
+    if not files:
+        raise RunError(f"{path}: no samples_*.jsonl files; run lm_eval with --log_samples --output_path {path}")
+    by_task: dict[str, list[Path]] = {}
+    for f in files:
+        m = SAMPLES_RE.match(f.name)
+        if m:
+            by_task.setdefault(m["task"], []).append(f)
+    for task, found in by_task.items():
+        if len(found) > 1:
+            raise RunError(f"{path}: {len(found)} sample files for task {task!r} ({', '.join(map(str, found))}); "
+                           "point at one run's directory or file")
+    return {task: found[0] for task, found in by_task.items()}
+
+
+def _results_for(samples_file: Path) -> dict:
+    m = SAMPLES_RE.match(samples_file.name)
+    results = samples_file.with_name(f"results_{m['ts']}.json")
+    if not results.exists():
+        return {}
+    try:
+        return json.loads(results.read_text())
+    except json.JSONDecodeError as err:
+        raise RunError(f"{results}: not valid JSON ({err})") from err
+
+
+def read_task_run(task: str, samples_file: Path) -> TaskRun:
+    samples: dict[tuple[str, int], Sample] = {}
+    with open(samples_file, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err.msg})") from err
+            try:
+                key = (str(rec.get("filter", "none")), int(rec["doc_id"]))
+                metrics = {name: float(rec[name]) for name in rec.get("metrics", []) if name in rec
+                           and isinstance(rec[name], (int, float, bool))}
+                sample = Sample(doc_id=key[1], filter=key[0], doc_hash=rec.get("doc_hash"),
+                                target_hash=rec.get("target_hash"), prompt_hash=rec.get("prompt_hash"),
+                                target=rec.get("target"), response=rec["filtered_resps"], metrics=metrics)
+            except (KeyError, TypeError, ValueError) as err:
+                raise RunError(f"{samples_file}:{line_no}: not an lm-eval sample record ({err!r} missing or "
+                               "malformed; expected doc_id, filtered_resps)") from err
+            if key in samples:
+                raise RunError(f"{samples_file}:{line_no}: doc_id {key[1]} appears twice for filter {key[0]!r}")
+            samples[key] = sample
+    if not samples:
+        raise RunError(f"{samples_file}: no samples")
+    results = _results_for(samples_file)
+    n_shot = results.get("n-shot", {}).get(task)
+    return TaskRun(task=task, path=samples_file, samples=samples, config=results.get("configs", {}).get(task, {}),
+                   num_fewshot=None if n_shot is None else int(n_shot))
+
+
+def read_run(path: str | Path) -> dict[str, TaskRun]:
+    """All tasks of one lm-eval run: {task: TaskRun}."""
+    return {task: read_task_run(task, f) for task, f in find_sample_files(path).items()}
