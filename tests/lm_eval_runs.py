@@ -65,7 +65,7 @@ metadata:
 def write_tasks(root: Path) -> Path:
     tasks = root / "tasks"
     tasks.mkdir(parents=True, exist_ok=True)
-    piqa = [{"goal": a, "sol1": f" {b} .", "sol2": f" {d} .", "label": 0}
+    piqa = [{"goal": a, "sol1": f"{b} .", "sol2": f"{d} .", "label": 0}
             for (a, b), (_, d) in zip(ANTONYMS, ANTONYMS[1:] + ANTONYMS[:1])]
     gsm = [{"question": f"count : {i} {i + 1} {i + 2}", "answer": f"next\n#### {i + 3}"} for i in range(3, 83, 4)]
     (tasks / "piqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in piqa))
@@ -86,8 +86,8 @@ def finetune_new_model(embedded_path: Path, out: Path) -> Path:
     model, tok = AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
     train, _ = domain_split(n_train=160)
     args = TALRConfig(output_dir=str(out / "train"), bf16=False, gradient_checkpointing=False, use_cpu=True,
-                      report_to="none", save_strategy="no", weighting="none", learning_rate=1e-3,
-                      lr_scheduler_type="constant", num_train_epochs=2, per_device_train_batch_size=16,
+                      report_to="none", save_strategy="no", weighting="none", learning_rate=3e-3,
+                      lr_scheduler_type="constant", num_train_epochs=4, per_device_train_batch_size=16,
                       disable_tqdm=True, seed=0)
     trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(train), processing_class=tok)
     trainer.remove_callback(PrinterCallback)
