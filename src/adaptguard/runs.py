@@ -1,13 +1,16 @@
 """Reading lm-eval `--log_samples` output: `samples_<task>_<timestamp>.jsonl` (+ the sibling
 `results_<timestamp>.json` for the task configs and few-shot settings), from files or directories of
-any depth. Only the standard library: this is called on every `adaptguard compare`."""
+any depth. Lines are parsed with orjson (several times faster than `json` on 100k-sample logs)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import orjson
 
 SAMPLES_RE = re.compile(r"^samples_(?P<task>.+)_(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}\.\d+)\.jsonl$")
 
@@ -79,15 +82,29 @@ def _results_for(samples_file: Path) -> dict:
 
 
 def read_task_run(task: str, samples_file: Path) -> TaskRun:
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of small acyclic objects: the cyclic GC would rescan them again and again
+    try:
+        samples = _read_samples(samples_file)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    results = _results_for(samples_file)
+    n_shot = results.get("n-shot", {}).get(task)
+    return TaskRun(task=task, path=samples_file, samples=samples, config=results.get("configs", {}).get(task, {}),
+                   num_fewshot=None if n_shot is None else int(n_shot))
+
+
+def _read_samples(samples_file: Path) -> dict[tuple[str, int], Sample]:
     samples: dict[tuple[str, int], Sample] = {}
-    with open(samples_file, encoding="utf-8") as f:
+    with open(samples_file, "rb") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err.msg})") from err
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError as err:
+                raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err})") from err
             try:
                 key = (str(rec.get("filter", "none")), int(rec["doc_id"]))
                 metrics = {name: float(rec[name]) for name in rec.get("metrics", []) if name in rec
@@ -103,10 +120,7 @@ def read_task_run(task: str, samples_file: Path) -> TaskRun:
             samples[key] = sample
     if not samples:
         raise RunError(f"{samples_file}: no samples")
-    results = _results_for(samples_file)
-    n_shot = results.get("n-shot", {}).get(task)
-    return TaskRun(task=task, path=samples_file, samples=samples, config=results.get("configs", {}).get(task, {}),
-                   num_fewshot=None if n_shot is None else int(n_shot))
+    return samples
 
 
 def read_run(path: str | Path) -> dict[str, TaskRun]:

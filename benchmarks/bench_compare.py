@@ -1,0 +1,81 @@
+"""`adaptguard compare` on 100k joined samples: wall time, and its ratio to merely parsing the two
+sample files naively (orjson, every record kept in a list, GC on: what a quick script does).
+
+    python benchmarks/bench_compare.py               # 100k multiple-choice samples per run, 3 repeats
+    python benchmarks/bench_compare.py --n 200000 --repeats 5
+
+The synthetic files have lm-eval 0.4 `--log_samples` records (doc, arguments, 4-way log-likelihood
+responses, hashes, `acc`). Goal (issue 3): a few seconds for 100k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+
+def write_run(root: Path, n: int, seed: int, flip: float) -> Path:
+    rng = np.random.default_rng(seed)
+    truth = np.random.default_rng(0).integers(0, 4, n)
+    run = root / f"run{seed}" / "model"
+    run.mkdir(parents=True)
+    ts = "2026-11-22T00-00-00.000000"
+    with open(run / f"samples_bench_mc_{ts}.jsonl", "w") as f:
+        for i in range(n):
+            lls = rng.normal(-20, 3, 4)
+            if rng.random() > flip:
+                lls[truth[i]] = lls.max() + 1.0
+            doc = {"goal": f"question {i}", "choices": [f"answer {k} for {i}" for k in range(4)], "label": int(truth[i])}
+            h = hashlib.sha256(json.dumps(doc).encode()).hexdigest()
+            rec = {"doc_id": i, "doc": doc, "target": int(truth[i]),
+                   "arguments": {f"gen_args_{k}": {"arg_0": f"Question: question {i}\nAnswer:",
+                                                   "arg_1": f" answer {k} for {i}"} for k in range(4)},
+                   "resps": [[[str(ll), "False"]] for ll in lls], "filtered_resps": [[str(ll), "False"] for ll in lls],
+                   "filter": "none", "metrics": ["acc"], "doc_hash": h, "prompt_hash": h, "target_hash": str(truth[i]),
+                   "acc": float(np.argmax(lls) == truth[i])}
+            f.write(json.dumps(rec) + "\n")
+    (run / f"results_{ts}.json").write_text(json.dumps({"configs": {"bench_mc": {"output_type": "multiple_choice"}},
+                                                        "n-shot": {"bench_mc": 0}}))
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    from adaptguard.compare import compare_runs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        old, new = write_run(Path(tmp), args.n, 1, 0.3), write_run(Path(tmp), args.n, 2, 0.25)
+        files = [next(old.glob("samples_*")), next(new.glob("samples_*"))]
+        t_compare, t_parse = [], []
+        for i in range(args.repeats):  # alternate A/B
+            for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+                start = time.perf_counter()
+                if which == 0:
+                    report = compare_runs(old, new)
+                    t_compare.append(time.perf_counter() - start)
+                else:
+                    for f in files:
+                        with open(f, "rb") as fh:
+                            [orjson.loads(line) for line in fh]
+                    t_parse.append(time.perf_counter() - start)
+    entry = report["tasks"]["bench_mc"]
+    print(f"joined_samples: {entry['n']}")
+    print(f"compare_seconds_median: {statistics.median(t_compare):.3f}")
+    print(f"naive_parse_seconds_median: {statistics.median(t_parse):.3f}")
+    print(f"compare_over_parse_ratio: {statistics.median(t_compare) / statistics.median(t_parse):.3f}")
+    print(f"nfr: {entry['nfr']:.4f}  pfr: {entry['pfr']:.4f}  nfr_mc: {entry['nfr_mc']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
