@@ -41,3 +41,15 @@ def cpu_args(output_dir, **kwargs):
                 dataloader_num_workers=0, disable_tqdm=True, seed=0)
     base.update(kwargs)
     return TALRConfig(**base)
+
+
+@pytest.fixture(scope="session")
+def lm_runs(tmp_path_factory, embedded_path):
+    from lm_eval_runs import finetune_new_model, run_lm_eval, write_tasks
+
+    root = tmp_path_factory.mktemp("lm_runs")
+    tasks = write_tasks(root)
+    new_model = finetune_new_model(embedded_path, root / "new_model")
+    run_lm_eval(embedded_path, tasks, root / "old")
+    run_lm_eval(new_model, tasks, root / "new")
+    return root

