@@ -53,3 +53,12 @@ def exact_match_similarity(predictions: list[str], references: list[list[str]]) 
 def adaptguard_similarities() -> dict:
     return {"rouge1": _rouge("rouge1"), "rouge2": _rouge("rouge2"), "rougeL": _rouge("rougeL"),
             "bleu": bleu_similarity, "exact_match": exact_match_similarity}
+
+
+@hookimpl
+def adaptguard_lm_eval_task_dirs() -> list:
+    from pathlib import Path
+
+    from . import lm_eval_tasks
+
+    return [Path(lm_eval_tasks.__file__).parent]

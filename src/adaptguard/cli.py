@@ -35,6 +35,50 @@ def _compare(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _tasks_dir(ns: argparse.Namespace) -> int:
+    from .plugins import lm_eval_task_dirs
+
+    dirs = lm_eval_task_dirs()
+    print(dirs[0] if not ns.all else "\n".join(map(str, dirs)))
+    return 0
+
+
+def run_lm_eval(argv: list[str]) -> int:
+    """The real lm-eval CLI, with every task directory of the `adaptguard_lm_eval_task_dirs` hook added to
+    its TaskManager's include paths (lm-eval 0.4.13 has no task entry points and takes one --include_path)."""
+    from pathlib import Path
+
+    from lm_eval.__main__ import cli_evaluate
+    from lm_eval.tasks.manager import TaskManager
+
+    from .plugins import lm_eval_task_dirs
+
+    extra = [str(d) for d in lm_eval_task_dirs()]
+    original = TaskManager.__init__
+
+    def __init__(self, verbosity=None, include_path=None, include_defaults=True, metadata=None):
+        paths = [] if include_path is None else [include_path] if isinstance(include_path, (str, Path)) \
+            else list(include_path)
+        original(self, verbosity, [*map(str, paths), *[d for d in extra if d not in map(str, paths)]],
+                 include_defaults, metadata)
+
+    TaskManager.__init__ = __init__
+    old_argv = sys.argv
+    sys.argv = ["lm_eval", *argv]
+    try:
+        cli_evaluate()
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    finally:
+        sys.argv = old_argv
+        TaskManager.__init__ = original
+    return 0
+
+
+def _lm_eval(ns: argparse.Namespace) -> int:
+    return run_lm_eval(ns.args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptguard", description="Adapt and update LLMs without breaking "
                                      "what already works.")
@@ -57,6 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals")
     cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     cmp.set_defaults(func=_compare)
+    tdir = sub.add_parser("tasks-dir", help="Print adaptguard's lm-eval task directory, for "
+                          "`lm_eval --include_path`.")
+    tdir.add_argument("--all", action="store_true", help="every task directory contributed by plugins, one a line")
+    tdir.set_defaults(func=_tasks_dir)
+    lme = sub.add_parser("lm-eval", help="Run the lm-eval CLI with every adaptguard (and plugin) task directory "
+                         "included, e.g. `adaptguard lm-eval run --model hf ... --tasks 'compat_*'`.",
+                         add_help=False)
+    lme.add_argument("args", nargs=argparse.REMAINDER)
+    lme.set_defaults(func=_lm_eval)
     emb = sub.add_parser("embedded", help="Build (once) and print the local path of an embedded default model, "
                          "usable wherever a Hub id is accepted.")
     emb.add_argument("name", nargs="?", default="tiny")
@@ -65,11 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["lm-eval"]:  # pass everything, --help included, to lm-eval itself
+        return _guarded("lm-eval", lambda: run_lm_eval(argv[1:]))
     ns = build_parser().parse_args(argv)
+    return _guarded(ns.command, lambda: ns.func(ns))
+
+
+def _guarded(command: str, fn) -> int:
     try:
-        return ns.func(ns)
+        return fn()
     except (ValueError, FileNotFoundError) as err:
-        print(f"adaptguard {ns.command}: error: {err}", file=sys.stderr)
+        print(f"adaptguard {command}: error: {err}", file=sys.stderr)
         return 2
 
 

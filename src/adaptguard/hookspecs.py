@@ -38,3 +38,9 @@ def adaptguard_similarities() -> dict:
     strings and `references` a list of N lists of reference strings; it returns N floats (higher =
     more similar; the best over an item's references).
     """
+
+
+@hookspec
+def adaptguard_lm_eval_task_dirs() -> list:
+    """Return directories of lm-eval task YAMLs to include in `adaptguard lm-eval` runs (and to print
+    with `adaptguard tasks-dir`)."""

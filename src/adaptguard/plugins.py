@@ -53,3 +53,18 @@ def get_similarity(name: str) -> Callable:
     if name not in known:
         raise ValueError(f"Unknown similarity {name!r}; known similarities: {', '.join(sorted(known))}")
     return known[name]
+
+
+def lm_eval_task_dirs() -> list:
+    """Every lm-eval task directory contributed through the hook (built-ins first), de-duplicated."""
+    from pathlib import Path
+
+    dirs: list[Path] = []
+    for result in reversed(get_plugin_manager().hook.adaptguard_lm_eval_task_dirs()):
+        for d in result:
+            d = Path(d).resolve()
+            if not d.is_dir():
+                raise ValueError(f"A plugin contributed the lm-eval task directory {d}, which does not exist")
+            if d not in dirs:
+                dirs.append(d)
+    return dirs

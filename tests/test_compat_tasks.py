@@ -1,0 +1,155 @@
+"""The compat_* lm-eval tasks end to end through the real lm-eval CLI: old run, new run naming the old
+one as reference, flips in the results table."""
+
+import json
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+from conftest import ROOT
+
+GEN = ["--gen_kwargs", "max_gen_toks=16"]
+
+
+def adaptguard_lm_eval(model, out, metadata, *extra):
+    cmd = [sys.executable, "-m", "adaptguard.cli", "lm-eval", "--model", "hf", "--model_args",
+           f"pretrained={model}", "--tasks", "compat_*", "--metadata", json.dumps(metadata), "--device", "cpu",
+           "--batch_size", "8", "--log_samples", "--output_path", str(out), *GEN, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+
+
+def results(run):
+    (found,) = run.rglob("results_*.json")
+    return json.loads(found.read_text())["results"]
+
+
+@pytest.fixture(scope="module")
+def compat_runs(tmp_path_factory, embedded_path, lm_runs):
+    from compat_fixtures import write_compat_data
+
+    root = tmp_path_factory.mktemp("compat")
+    data = write_compat_data(root / "data")
+    old = adaptguard_lm_eval(embedded_path, root / "old", {"compat_data_dir": str(data)})
+    assert old.returncode == 0, old.stderr[-3000:]
+    new = adaptguard_lm_eval(lm_runs / "new_model" / "model", root / "new",
+                             {"compat_data_dir": str(data), "compat_reference": str(root / "old")})
+    assert new.returncode == 0, new.stderr[-3000:]
+    return root, new.stdout
+
+
+def test_old_run_has_plain_scores_only(compat_runs):
+    root, _ = compat_runs
+    res = results(root / "old")
+    assert set(res) == {"compat_piqa", "compat_hellaswag", "compat_gsm8k", "compat_samsum"}
+    assert "acc,none" in res["compat_piqa"] and "nfr,none" not in res["compat_piqa"]
+    assert "rouge1,none" in res["compat_samsum"] and "smooth_nfr,none" not in res["compat_samsum"]
+
+
+def test_new_run_reports_flips_equal_to_compare(compat_runs, tmp_path):
+    root, stdout = compat_runs
+    assert "nfr" in stdout and "btc" in stdout  # in lm-eval's own results table
+    res = results(root / "new")
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "compare", str(root / "old"), str(root / "new"),
+                           "--json", str(tmp_path / "c.json")], capture_output=True, text=True, timeout=300)
+    # compat_samsum has no 0/1 metric: compare needs --similarity for it, so compare the others per file
+    assert proc.returncode == 2 and "compat_samsum" in proc.stderr
+    flips_seen = 0
+    for task, filt in (("compat_piqa", "none"), ("compat_hellaswag", "none"), ("compat_gsm8k", "strict-match")):
+        (old_f,) = (root / "old").rglob(f"samples_{task}_2*.jsonl")
+        (new_f,) = (root / "new").rglob(f"samples_{task}_2*.jsonl")
+        out = tmp_path / f"{task}.json"
+        proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "compare", str(old_f), str(new_f),
+                               "--json", str(out)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        ref = json.loads(out.read_text())["tasks"][task]
+        for key in ("nfr", "pfr", "nfr_mc", "btc"):
+            got = res[task][f"{key},{filt}"]
+            if ref[key] is None:
+                assert got != got  # NaN: BTC undefined when the old model is never right
+            else:
+                assert got == pytest.approx(ref[key]), (task, key)
+        flips_seen += ref["n_negative_flips"] + ref["n_positive_flips"]
+    assert flips_seen > 0
+
+
+def test_samsum_smooth_flips_match_recomputation(compat_runs):
+    from rouge_score import rouge_scorer
+
+    root, _ = compat_runs
+    (old_f,) = (root / "old").rglob("samples_compat_samsum_2*.jsonl")
+    (new_f,) = (root / "new").rglob("samples_compat_samsum_2*.jsonl")
+    old = {json.loads(line)["doc_hash"]: json.loads(line) for line in open(old_f)}
+    new = [json.loads(line) for line in open(new_f)]
+    scorer = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=True)
+    d = [scorer.score(r["doc"]["summary"], r["filtered_resps"][0])["rouge1"].fmeasure
+         - scorer.score(r["doc"]["summary"], old[r["doc_hash"]]["filtered_resps"][0])["rouge1"].fmeasure for r in new]
+    res = results(root / "new")["compat_samsum"]
+    assert res["smooth_nfr,none"] == pytest.approx(sum(x < 0 for x in d) / len(d))
+    assert res["smooth_pfr,none"] == pytest.approx(sum(x > 0 for x in d) / len(d))
+    assert res["rouge1,none"] == pytest.approx(sum(r["rouge1"] for r in new) / len(new))
+
+
+def test_missing_reference_is_a_clear_error(embedded_path, tmp_path):
+    from compat_fixtures import write_compat_data
+
+    data = write_compat_data(tmp_path / "data")
+    proc = adaptguard_lm_eval(embedded_path, tmp_path / "out", {"compat_data_dir": str(data),
+                                                               "compat_reference": str(tmp_path / "nowhere")},
+                              "--tasks", "compat_piqa")
+    assert proc.returncode == 2
+    assert "compat_piqa" in proc.stderr and "nowhere" in proc.stderr and "no such file" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_reference_of_other_documents_is_refused(embedded_path, tmp_path):
+    from compat_fixtures import write_compat_data
+
+    data = write_compat_data(tmp_path / "data")
+    ref = adaptguard_lm_eval(embedded_path, tmp_path / "ref", {"compat_data_dir": str(data)}, "--tasks",
+                             "compat_piqa", "--limit", "3")
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    proc = adaptguard_lm_eval(embedded_path, tmp_path / "out", {"compat_data_dir": str(data),
+                                                               "compat_reference": str(tmp_path / "ref")},
+                              "--tasks", "compat_piqa")
+    assert proc.returncode == 2 and "compat_piqa" in proc.stderr and "same documents" in proc.stderr
+
+
+def test_plain_lm_eval_with_tasks_dir(embedded_path, tmp_path):
+    from compat_fixtures import write_compat_data
+
+    tasks_dir = subprocess.run([sys.executable, "-m", "adaptguard.cli", "tasks-dir"], capture_output=True,
+                               text=True, timeout=120).stdout.strip()
+    assert (ROOT / "lm_eval_tasks").resolve() == __import__("pathlib").Path(tasks_dir).resolve()
+    data = write_compat_data(tmp_path / "data")
+    proc = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+                           f"pretrained={embedded_path}", "--tasks", "compat_piqa", "--include_path", tasks_dir,
+                           "--metadata", json.dumps({"compat_data_dir": str(data)}), "--device", "cpu",
+                           "--output_path", str(tmp_path / "plain")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "acc" in results(tmp_path / "plain")["compat_piqa"].__repr__()
+
+
+def test_lm_eval_tasks_entry_point_declared():
+    eps = [ep for ep in entry_points(group="lm_eval.tasks") if ep.name == "adaptguard"]
+    assert eps, "the lm_eval.tasks entry point proposed upstream is not declared"
+    module = eps[0].load()
+    from pathlib import Path
+
+    assert (Path(module.__file__).parent / "compat" / "compat_piqa.yaml").exists()
+
+
+def test_no_group_or_tag_collides_with_the_wildcard():
+    import fnmatch
+
+    import yaml
+
+    names = []
+    for f in (ROOT / "lm_eval_tasks").rglob("*.yaml"):
+        text = f.read_text()
+        cfg = yaml.safe_load("\n".join(line for line in text.splitlines() if "!function" not in line))
+        for key in ("group", "tag"):
+            values = cfg.get(key) or []
+            names += [values] if isinstance(values, str) else values
+    assert not [n for n in names if fnmatch.fnmatch(n, "compat_*")]
