@@ -15,12 +15,14 @@ _LAZY = {
     "TALRTrainer": ".talr_trainer",
     "WiseFTCallback": ".callbacks",
     "TokenAnalysisCallback": ".callbacks",
+    "LMEvalCallback": ".lm_eval_callback",
 }
 
 __all__ = ["hookimpl", "__version__", *_LAZY]
 
 if TYPE_CHECKING:
     from .callbacks import TokenAnalysisCallback, WiseFTCallback
+    from .lm_eval_callback import LMEvalCallback
     from .talr_config import TALRConfig
     from .talr_trainer import TALRTrainer
 

@@ -63,10 +63,10 @@ def choose_metric(run: TaskRun, filt: str, requested: str | None) -> str | None:
 def prediction(sample: Sample):
     """The model's answer: argmax log-likelihood for multiple choice, the (first) string for generation."""
     resp = sample.response
-    if isinstance(resp, list) and resp and all(isinstance(r, list) and len(r) == 2 for r in resp):
+    if isinstance(resp, (list, tuple)) and resp and all(isinstance(r, (list, tuple)) and len(r) == 2 for r in resp):
         lls = [float(r[0]) for r in resp]
         return lls.index(max(lls))  # first maximum, as np.argmax in lm-eval's acc
-    while isinstance(resp, list) and resp:
+    while isinstance(resp, (list, tuple)) and resp:
         resp = resp[0]
     return resp if isinstance(resp, str) else None
 

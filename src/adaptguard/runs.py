@@ -96,30 +96,40 @@ def read_task_run(task: str, samples_file: Path) -> TaskRun:
 
 
 def _read_samples(samples_file: Path) -> dict[tuple[str, int], Sample]:
-    samples: dict[tuple[str, int], Sample] = {}
-    with open(samples_file, "rb") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError as err:
-                raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err})") from err
-            try:
-                key = (str(rec.get("filter", "none")), int(rec["doc_id"]))
-                metrics = {name: float(rec[name]) for name in rec.get("metrics", []) if name in rec
-                           and isinstance(rec[name], (int, float, bool))}
-                sample = Sample(doc_id=key[1], filter=key[0], doc_hash=rec.get("doc_hash"),
-                                target_hash=rec.get("target_hash"), prompt_hash=rec.get("prompt_hash"),
-                                target=rec.get("target"), response=rec["filtered_resps"], metrics=metrics)
-            except (KeyError, TypeError, ValueError) as err:
-                raise RunError(f"{samples_file}:{line_no}: not an lm-eval sample record ({err!r} missing or "
-                               "malformed; expected doc_id, filtered_resps)") from err
-            if key in samples:
-                raise RunError(f"{samples_file}:{line_no}: doc_id {key[1]} appears twice for filter {key[0]!r}")
-            samples[key] = sample
+    def records():
+        with open(samples_file, "rb") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"{samples_file}:{line_no}", orjson.loads(line)
+                except orjson.JSONDecodeError as err:
+                    raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err})") from err
+
+    samples = samples_from_records(records())
     if not samples:
         raise RunError(f"{samples_file}: no samples")
+    return samples
+
+
+def samples_from_records(records) -> dict[tuple[str, int], Sample]:
+    """{(filter, doc_id): Sample} from `(where, record)` pairs: lines of a samples file, or the in-memory
+    `results["samples"][task]` of `lm_eval.simple_evaluate`."""
+    samples: dict[tuple[str, int], Sample] = {}
+    for where, rec in records:
+        try:
+            key = (str(rec.get("filter", "none")), int(rec["doc_id"]))
+            metrics = {name: float(rec[name]) for name in rec.get("metrics", []) if name in rec
+                       and isinstance(rec[name], (int, float, bool))}
+            sample = Sample(doc_id=key[1], filter=key[0], doc_hash=rec.get("doc_hash"),
+                            target_hash=rec.get("target_hash"), prompt_hash=rec.get("prompt_hash"),
+                            target=rec.get("target"), response=rec["filtered_resps"], metrics=metrics)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise RunError(f"{where}: not an lm-eval sample record ({err!r} missing or malformed; expected "
+                           "doc_id, filtered_resps)") from err
+        if key in samples:
+            raise RunError(f"{where}: doc_id {key[1]} appears twice for filter {key[0]!r}")
+        samples[key] = sample
     return samples
 
 

@@ -1,0 +1,110 @@
+"""`LMEvalCallback`: run lm-eval tasks on the model being trained, log the scores, and the flips
+against a saved reference run (e.g. the model before the update)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from .runs import TaskRun, read_run, samples_from_records
+
+logger = logging.getLogger(__name__)
+
+FLIP_KEYS = ("nfr", "pfr", "nfr_mc", "btc", "smooth_nfr", "smooth_pfr")
+
+
+class LMEvalCallback(TrainerCallback):
+    """Evaluate `tasks` with lm-eval (in process, `HFLM` around the model being trained) at every
+    evaluation (`when="evaluate"`) or epoch end (`when="epoch"`), and log `lm_eval/<task>/<metric>`.
+
+    With `reference` (an lm-eval `--log_samples` output of the same tasks, e.g. of the model before
+    the update), the flips of the current model against it are logged too (`lm_eval/<task>/nfr`,
+    `pfr`, `nfr_mc`, `btc`; `smooth_*` with `similarity`); the `compat_*` tasks receive the reference
+    as `compat_reference`. Task directories of every adaptguard plugin are included (plus
+    `include_path`), and `metadata` is passed to the tasks as with `lm_eval --metadata`.
+    """
+
+    def __init__(self, tasks: list[str] | str, *, reference: str | Path | None = None, when: str = "evaluate",
+                 limit: int | float | None = None, num_fewshot: int | None = None, batch_size: int = 8,
+                 gen_kwargs: dict | None = None, metadata: dict | None = None, similarity: str | None = None,
+                 include_path: list[str | Path] | str | Path | None = None):
+        if when not in ("evaluate", "epoch"):
+            raise ValueError(f"when must be 'evaluate' or 'epoch', got {when!r}")
+        self.tasks = [t for t in tasks.split(",")] if isinstance(tasks, str) else list(tasks)
+        if not self.tasks:
+            raise ValueError("LMEvalCallback needs at least one task")
+        self.reference = None if reference is None else Path(reference)
+        self._reference_runs: dict[str, TaskRun] | None = None
+        if self.reference is not None:
+            self._reference_runs = read_run(self.reference)  # fail now, not after an epoch of training
+        self.when, self.limit, self.num_fewshot, self.batch_size = when, limit, num_fewshot, batch_size
+        self.gen_kwargs, self.similarity = gen_kwargs, similarity
+        self.include_path = [] if include_path is None else [include_path] if isinstance(include_path, (str, Path)) \
+            else list(include_path)
+        self.metadata = dict(metadata or {})
+        if self.reference is not None:
+            self.metadata.setdefault("compat_reference", str(self.reference))
+        self.history: list[dict] = []
+
+    def evaluate(self, model, tokenizer) -> dict[str, float]:
+        """Run the tasks now; returns the flat `lm_eval/<task>/<metric>` dict that gets logged."""
+        from lm_eval import simple_evaluate
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+
+        from .compare import compare_task
+        from .plugins import lm_eval_task_dirs
+
+        was_training = model.training
+        model.eval()
+        try:
+            lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.batch_size)
+            dirs = [str(d) for d in [*self.include_path, *lm_eval_task_dirs()]]
+            manager = TaskManager(include_path=dirs, metadata=self.metadata)
+            out = simple_evaluate(model=lm, tasks=self.tasks, task_manager=manager, limit=self.limit,
+                                  num_fewshot=self.num_fewshot, gen_kwargs=self.gen_kwargs,
+                                  log_samples=self.reference is not None, bootstrap_iters=0)
+        finally:
+            model.train(was_training)
+        logs: dict[str, float] = {}
+        for task, metrics in out["results"].items():
+            for key, value in metrics.items():
+                if key == "alias" or "_stderr" in key or not isinstance(value, (int, float)):
+                    continue
+                metric, _, filt = key.partition(",")
+                name = metric if filt in ("", "none") else f"{metric},{filt}"
+                if math.isfinite(float(value)):
+                    logs[f"lm_eval/{task}/{name}"] = float(value)  # np.float64 → float for JSON logs
+        if self._reference_runs is not None:
+            for task, records in out.get("samples", {}).items():
+                if task not in self._reference_runs or any(f"lm_eval/{task}/nfr" in k for k in logs):
+                    continue
+                current = TaskRun(task=task, path=Path(f"<in-memory {task}>"),
+                                  samples=samples_from_records((f"{task} doc {r['doc_id']}", r) for r in records))
+                for filt, entry in compare_task(self._reference_runs[task], current,
+                                                similarity=self.similarity, n_boot=200).items():
+                    suffix = "" if filt == "none" else f",{filt}"
+                    for key in FLIP_KEYS:
+                        if entry.get(key) is not None:
+                            logs[f"lm_eval/{task}/{key}{suffix}"] = float(entry[key])
+        return logs
+
+    def _run(self, state, model, tokenizer) -> None:
+        if not state.is_world_process_zero or model is None:
+            return
+        logs = self.evaluate(model, tokenizer)
+        record = {**logs, "epoch": state.epoch, "step": state.global_step}
+        self.history.append(record)
+        state.log_history.append(record)  # on_evaluate runs after the Trainer logged
+        logger.info("lm-eval at step %d: %s", state.global_step, logs)
+
+    def on_evaluate(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if self.when == "evaluate":
+            self._run(state, model, processing_class)
+
+    def on_epoch_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if self.when == "epoch":
+            self._run(state, model, processing_class)
