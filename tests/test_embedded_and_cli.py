@@ -76,10 +76,15 @@ def test_cli_demo_quick(tmp_path, embedded_path):
     # a high learning rate must move the model: the domain is learned or the general score drops
     high = [r for r in report["runs"] if r["method"] == "SFT" and r["learning_rate"] == 1e-3][0]
     assert high["domain"] > report["base"]["domain"] or high["general"] < report["base"]["general"]
+    for run in report["runs"]:  # general flips against the base: regressions exactly when the score drops
+        assert 0 <= run["general_nfr"] <= 1 and 0 <= run["general_pfr"] <= 1
+        if report["base"]["general"] == 1.0:
+            assert run["general_pfr"] == 0.0
+            assert (run["general_nfr"] > 0) == (run["general"] < 1.0)
     assert report["token_analysis"]["epochs"]
     assert (out / "tradeoff.png").stat().st_size > 5000
     md = (out / "report.md").read_text()
-    assert "| TALR | 0.001 |" in md and "tradeoff.png" in md
+    assert "| TALR | 0.001 |" in md and "tradeoff.png" in md and "general NFR" in md
     assert not list(out.glob(".*"))  # no temporary files left behind
 
 

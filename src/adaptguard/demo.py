@@ -45,12 +45,15 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def general_scores(model, tokenizer, probes) -> dict[str, float]:
-    from .embedded import exact_match_score
+def general_scores(model, tokenizer, probes) -> dict:
+    """Exact match per skill, their mean (`general`), and the per-probe flags (`_flags`, for flips)."""
+    from .embedded import exact_match_flags
 
+    flags = exact_match_flags(model, tokenizer, probes)
     skills = sorted({p["skill"] for p in probes})
-    scores = {s: exact_match_score(model, tokenizer, [p for p in probes if p["skill"] == s]) for s in skills}
+    scores = {s: _mean(f for f, p in zip(flags, probes) if p["skill"] == s) for s in skills}
     scores["general"] = sum(scores[s] for s in skills) / len(skills)
+    scores["_flags"] = flags
     return scores
 
 
@@ -129,15 +132,20 @@ def markdown_report(report: dict) -> str:
         f"{report['settings']['train_rows']} training rows, {report['settings']['test_rows']} held-out questions, "
         f"{report['settings']['general_probes']} general probes).",
         "",
-        "| method | learning rate | domain | general | " + " | ".join(report["settings"]["skills"])
-        + " | final train loss | train s |",
-        "|---|---|---|---|" + "---|" * len(report["settings"]["skills"]) + "---|---|",
+        "General NFR/PFR: negative/positive flip rate of the general probes against the base model "
+        "(paper 002 §3; `adaptguard.compat.flip_metrics`): the share of probes the base answered right "
+        "and the fine-tuned model gets wrong, and the reverse.",
+        "",
+        "| method | learning rate | domain | general | general NFR | general PFR | "
+        + " | ".join(report["settings"]["skills"]) + " | final train loss | train s |",
+        "|---|---|---|---|---|---|" + "---|" * len(report["settings"]["skills"]) + "---|---|",
     ]
     for r in report["runs"]:
         skills = " | ".join(f"{r['skills'][s]:.3f}" for s in report["settings"]["skills"])
         loss = "" if r["final_train_loss"] is None else f"{r['final_train_loss']:.4f}"
         lines.append(f"| {r['method']} | {r['learning_rate']:g} | {r['domain']:.3f} | {r['general']:.3f} | "
-                     f"{skills} | {loss} | {r['train_seconds']:.1f} |")
+                     f"{r['general_nfr']:.3f} | {r['general_pfr']:.3f} | {skills} | {loss} | "
+                     f"{r['train_seconds']:.1f} |")
     lines += ["", "![trade-off](tradeoff.png)", ""]
     if report.get("token_analysis"):
         ta = report["token_analysis"]
@@ -159,6 +167,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .compat import flip_metrics
     from .embedded import EMBEDDED_MODELS, domain_split, embedded_model_path, exact_match_score, general_probes
 
     datasets.disable_progress_bars()
@@ -179,6 +188,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
 
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     base_skills = general_scores(model, tok, probes)
+    base_flags = base_skills.pop("_flags")
     base = {"domain": exact_match_score(model, tok, test_rows), "general": base_skills["general"],
             "skills": base_skills}
     runs, token_analysis = [], None
@@ -192,9 +202,11 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
                     trained, tok, seconds, loss = _train_one(METHODS[name], lr, seed, path, train_rows, work,
                                                              epochs, analyse)
                     skills = general_scores(trained, tok, probes)
+                    flips = flip_metrics(base_flags, skills.pop("_flags"))
                     per_seed.append({"seed": seed, "domain": exact_match_score(trained, tok, test_rows),
                                      "general": skills["general"], "skills": skills, "final_train_loss": loss,
-                                     "train_seconds": seconds})
+                                     "train_seconds": seconds,
+                                     "general_flips": {k: flips[k] for k in ("nfr", "pfr", "btc", "mcnemar_p")}})
                     if analyse:
                         target = out / "token_analysis"
                         shutil.rmtree(target, ignore_errors=True)
@@ -205,6 +217,8 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
                        "domain": _mean(r["domain"] for r in per_seed),
                        "general": _mean(r["general"] for r in per_seed),
                        "skills": {k: _mean(r["skills"][k] for r in per_seed) for k in per_seed[0]["skills"]},
+                       "general_nfr": _mean(r["general_flips"]["nfr"] for r in per_seed),
+                       "general_pfr": _mean(r["general_flips"]["pfr"] for r in per_seed),
                        "final_train_loss": _mean(r["final_train_loss"] for r in per_seed),
                        "train_seconds": _mean(r["train_seconds"] for r in per_seed), "seeds": per_seed}
                 print(f"  {name:8s} lr={lr:<7g} domain={run['domain']:.3f} general={run['general']:.3f}", flush=True)

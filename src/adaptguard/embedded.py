@@ -235,16 +235,16 @@ def load_embedded(name: str = "tiny"):
 
 
 @torch.no_grad()
-def exact_match_score(model, tokenizer, rows: list[dict[str, str]], batch_size: int = 64,
-                      max_new_tokens: int = 16) -> float:
-    """Fraction of `rows` ({"prompt", "answer" or "completion"}) whose greedy continuation, cut after the
+def exact_match_flags(model, tokenizer, rows: list[dict[str, str]], batch_size: int = 64,
+                      max_new_tokens: int = 16) -> list[bool]:
+    """Per row ({"prompt", "answer" or "completion"}): whether the greedy continuation, cut after the
     first " .", equals the answer exactly."""
     if not rows:
         raise ValueError("exact_match_score needs at least one row")
     was_training, side = model.training, tokenizer.padding_side
     model.eval()
     tokenizer.padding_side = "left"
-    hits = 0
+    flags = []
     try:
         for i in range(0, len(rows), batch_size):
             chunk = rows[i:i + batch_size]
@@ -255,8 +255,15 @@ def exact_match_score(model, tokenizer, rows: list[dict[str, str]], batch_size: 
             for row, text in zip(chunk, texts):
                 answer = row.get("answer", row.get("completion"))
                 cut = text.find(" .")
-                hits += (text[:cut + 2] if cut >= 0 else text) == answer
+                flags.append((text[:cut + 2] if cut >= 0 else text) == answer)
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
-    return hits / len(rows)
+    return flags
+
+
+def exact_match_score(model, tokenizer, rows: list[dict[str, str]], batch_size: int = 64,
+                      max_new_tokens: int = 16) -> float:
+    """Fraction of `rows` answered exactly (see `exact_match_flags`)."""
+    flags = exact_match_flags(model, tokenizer, rows, batch_size, max_new_tokens)
+    return sum(flags) / len(flags)
