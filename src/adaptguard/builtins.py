@@ -62,3 +62,30 @@ def adaptguard_lm_eval_task_dirs() -> list:
     from . import lm_eval_tasks
 
     return [Path(lm_eval_tasks.__file__).parent]
+
+
+def _student_wrong(x):  # eq. 1: the student misses the label -> follow the old model
+    return x.student_top1 != x.labels
+
+
+def _old_likelier_token(x):  # LL_L: the old model gives the label more probability than the new one
+    return x.new_label_logp < x.old_label_logp
+
+
+def _old_likelier_sequence(x):  # LL_S: the same, on the whole sequence's log-likelihood
+    valid = x.valid.float()
+    old, new = (x.old_label_logp * valid).sum(-1), (x.new_label_logp * valid).sum(-1)
+    return (new < old)[:, None].expand_as(x.labels)
+
+
+def _old_correct(x):
+    return x.old_top1 == x.labels
+
+
+@hookimpl
+def adaptguard_muscle_masks() -> dict:
+    import torch
+
+    return {"student_wrong": _student_wrong, "old_likelier_token": _old_likelier_token,
+            "old_likelier_sequence": _old_likelier_sequence, "old_correct": _old_correct,
+            "old_only": lambda x: torch.ones_like(x.valid), "new_only": lambda x: torch.zeros_like(x.valid)}

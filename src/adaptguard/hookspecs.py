@@ -44,3 +44,13 @@ def adaptguard_similarities() -> dict:
 def adaptguard_lm_eval_task_dirs() -> list:
     """Return directories of lm-eval task YAMLs to include in `adaptguard lm-eval` runs (and to print
     with `adaptguard tasks-dir`)."""
+
+
+@hookspec
+def adaptguard_muscle_masks() -> dict:
+    """Return `{name: mask}` MUSCLE masking strategies (paper 002 §4.1, §6.5) for `CompatConfig(mask=name)`.
+
+    A mask is called as `mask(inputs)` with `inputs` an `adaptguard.losses.MaskInputs` (per-position
+    labels, validity, argmax tokens and label log-probabilities of the student, old and new models,
+    all (B, T)) and returns (B, T) booleans or 0/1 floats: 1 = align that token to the old model.
+    """

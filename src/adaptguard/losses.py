@@ -7,6 +7,7 @@ log-likelihood of the label token and `mask` marks supervised (completion) token
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -189,3 +190,140 @@ def talr_loss_func(tau: float | None = None, weight_floor: float = 0.01) -> Call
         return weighted_nll(nll, weights, n)
 
     return compute_loss
+
+
+# --------------------------------------------------------------------------------------------- MUSCLE
+@dataclass
+class MaskInputs:
+    """What a MUSCLE masking strategy sees, per scored position (all (B, T), no gradient):
+    `labels` (−100 = ignored), `valid`, the argmax token of the student / old / new model and the
+    log-probability (at temperature 1) each gives the label token (0 where not valid)."""
+
+    labels: torch.Tensor
+    valid: torch.Tensor
+    student_top1: torch.Tensor
+    old_top1: torch.Tensor
+    new_top1: torch.Tensor
+    student_label_logp: torch.Tensor
+    old_label_logp: torch.Tensor
+    new_label_logp: torch.Tensor
+
+
+def _valid_rows(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    valid = labels != -100
+    return valid, valid.reshape(-1).nonzero().squeeze(1)
+
+
+@torch.no_grad()
+def muscle_mask_inputs(student_logits, old_logits, new_logits, labels, chunk_size: int | None = None) -> MaskInputs:
+    """`MaskInputs` from (B, T, V) logits aligned with (B, T) labels, computed `chunk_size` scored positions
+    at a time (None = all at once) so that at most one chunk of float32 log-probabilities exists."""
+    valid, rows = _valid_rows(labels)
+    flat_labels = labels.reshape(-1)
+    shape = labels.shape
+    out = {k: torch.zeros(labels.numel(), dtype=torch.long if k.endswith("top1") else torch.float32,
+                          device=labels.device)
+           for k in ("student_top1", "old_top1", "new_top1", "student_label_logp", "old_label_logp",
+                     "new_label_logp")}
+    step = len(rows) if not chunk_size else chunk_size
+    for start in range(0, len(rows), max(step, 1)):
+        idx = rows[start:start + step]
+        y = flat_labels[idx]
+        for name, logits in (("student", student_logits), ("old", old_logits), ("new", new_logits)):
+            z = logits.reshape(-1, logits.shape[-1])[idx].float()
+            out[f"{name}_top1"][idx] = z.argmax(-1)
+            out[f"{name}_label_logp"][idx] = torch.log_softmax(z, -1).gather(-1, y[:, None])[:, 0]
+    return MaskInputs(labels=labels, valid=valid, **{k: v.view(shape) for k, v in out.items()})
+
+
+def muscle_mask(name: str, inputs: MaskInputs) -> torch.Tensor:
+    """m (B, T) float in {0, 1}: 1 = align to the old model, 0 = to the new one; 0 off `valid`."""
+    from .plugins import get_muscle_mask
+
+    m = get_muscle_mask(name)(inputs)
+    if m.shape != inputs.labels.shape:
+        raise ValueError(f"MUSCLE mask {name!r} returned shape {tuple(m.shape)}, expected {tuple(inputs.labels.shape)}")
+    return (m.bool() & inputs.valid).float()
+
+
+def muscle_token_loss(student_logits: torch.Tensor, old_logits: torch.Tensor, new_logits: torch.Tensor,
+                      labels: torch.Tensor, mask: str = "student_wrong", temperature: float = 2.0
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """MUSCLE per-token loss (paper 002 eq. 2), reference implementation:
+    `m·KL(σ(z_old/T) ‖ σ(z_s/T)) + (1 − m)·KL(σ(z_new/T) ‖ σ(z_s/T))`.
+
+    Args:
+        student_logits, old_logits, new_logits: (B, T, V), `logits[:, t]` predicts `labels[:, t]`.
+        labels: (B, T), −100 = not scored.
+        mask: masking strategy by name (`adaptguard_muscle_masks` hook); default `student_wrong`.
+    Returns:
+        `(loss, m)`, both (B, T) float32, 0 on ignored positions; only `loss` carries gradient.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    m = muscle_mask(mask, muscle_mask_inputs(student_logits, old_logits, new_logits, labels))
+    log_q = torch.log_softmax(student_logits.float() / temperature, -1)
+    kls = []
+    for teacher in (old_logits, new_logits):
+        log_p = torch.log_softmax(teacher.detach().float() / temperature, -1)
+        kls.append((log_p.exp() * (log_p - log_q)).sum(-1))
+    loss = m * kls[0] + (1 - m) * kls[1]
+    return torch.where(labels != -100, loss, torch.zeros_like(loss)), m
+
+
+class _ChunkedMuscleKL(torch.autograd.Function):
+    """Σ-free per-token MUSCLE KL over the scored rows `idx` of flattened (N, V) logits, `chunk` rows at a
+    time in float32; backward recomputes per chunk (grad wrt z_s is (σ(z_s/T) − p_mix) / T with
+    p_mix = m p_old + (1 − m) p_new), so no full-size float32 tensor is ever kept."""
+
+    @staticmethod
+    def forward(ctx, student, old, new, m, idx, temperature, chunk):
+        out = torch.empty(len(idx), dtype=torch.float32, device=student.device)
+        for start in range(0, len(idx), chunk):
+            rows = idx[start:start + chunk]
+            log_q = torch.log_softmax(student[rows].float() / temperature, -1)
+            mc = m[rows]
+            total = torch.zeros(len(rows), dtype=torch.float32, device=student.device)
+            for teacher, weight in ((old, mc), (new, 1 - mc)):
+                log_p = torch.log_softmax(teacher[rows].float() / temperature, -1)
+                total += weight * (log_p.exp() * (log_p - log_q)).sum(-1)
+            out[start:start + len(rows)] = total
+        ctx.save_for_backward(student, old, new, m, idx)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        student, old, new, m, idx = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk
+        grad = torch.zeros_like(student)
+        for start in range(0, len(idx), chunk):
+            rows = idx[start:start + chunk]
+            q = torch.softmax(student[rows].float() / temperature, -1)
+            mc = m[rows][:, None]
+            p_mix = mc * torch.softmax(old[rows].float() / temperature, -1) \
+                + (1 - mc) * torch.softmax(new[rows].float() / temperature, -1)
+            grad[rows] = ((q - p_mix) / temperature * grad_out[start:start + len(rows), None]).to(grad.dtype)
+        return grad, None, None, None, None, None, None
+
+
+def muscle_token_loss_chunked(student_logits: torch.Tensor, old_logits: torch.Tensor, new_logits: torch.Tensor,
+                              labels: torch.Tensor, mask: str = "student_wrong", temperature: float = 2.0,
+                              chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """`muscle_token_loss` computed over the scored tokens in chunks of `chunk_size` (for training): the
+    same value and gradient, with at most one chunk of float32 full-vocabulary tensors alive."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
+    vocab = student_logits.shape[-1]
+    if old_logits.shape[-1] != vocab or new_logits.shape[-1] != vocab:
+        raise ValueError(f"vocabulary sizes differ: student {vocab}, old {old_logits.shape[-1]}, "
+                         f"new {new_logits.shape[-1]}")
+    m = muscle_mask(mask, muscle_mask_inputs(student_logits, old_logits, new_logits, labels, chunk_size))
+    _, rows = _valid_rows(labels)
+    per_token = _ChunkedMuscleKL.apply(student_logits.reshape(-1, vocab), old_logits.detach().reshape(-1, vocab),
+                                       new_logits.detach().reshape(-1, vocab), m.reshape(-1), rows,
+                                       float(temperature), int(chunk_size))
+    loss = torch.zeros(labels.numel(), dtype=torch.float32, device=labels.device).index_put((rows,), per_token)
+    return loss.view(labels.shape), m

@@ -68,3 +68,15 @@ def lm_eval_task_dirs() -> list:
             if d not in dirs:
                 dirs.append(d)
     return dirs
+
+
+def muscle_masks() -> dict[str, Callable]:
+    """All registered MUSCLE masking strategies, by name."""
+    return _collect(get_plugin_manager().hook.adaptguard_muscle_masks(), "MUSCLE mask")
+
+
+def get_muscle_mask(name: str) -> Callable:
+    known = muscle_masks()
+    if name not in known:
+        raise ValueError(f"Unknown MUSCLE mask {name!r}; known masks: {', '.join(sorted(known))}")
+    return known[name]
