@@ -16,12 +16,16 @@ _LAZY = {
     "WiseFTCallback": ".callbacks",
     "TokenAnalysisCallback": ".callbacks",
     "LMEvalCallback": ".lm_eval_callback",
+    "CompatConfig": ".compat_config",
+    "CompatTrainer": ".compat_trainer",
 }
 
 __all__ = ["hookimpl", "__version__", *_LAZY]
 
 if TYPE_CHECKING:
     from .callbacks import TokenAnalysisCallback, WiseFTCallback
+    from .compat_config import CompatConfig
+    from .compat_trainer import CompatTrainer
     from .lm_eval_callback import LMEvalCallback
     from .talr_config import TALRConfig
     from .talr_trainer import TALRTrainer

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import SFTConfig
+
+
+@dataclass
+class CompatConfig(SFTConfig):
+    r"""Configuration for [`CompatTrainer`]: MUSCLE (paper 002 §4.1), a compatibility LoRA adapter on the new
+    base model, initialised from its task adapter and distilled from the old and new task models:
+
+        L = (1/n) Σ_i m_i KL(σ(z_old,i/T) ‖ σ(z_c,i/T)) + (1 − m_i) KL(σ(z_new,i/T) ‖ σ(z_c,i/T)) [+ λ_CE CE]
+    """
+
+    new_adapter: str | None = field(
+        default=None,
+        metadata={"help": "Path or Hub id of the new model's (v2) task LoRA adapter. The compatibility adapter is "
+                  "initialised from it, and the frozen copy on the same base is the new teacher."},
+    )
+    old_model: str | None = field(
+        default=None,
+        metadata={"help": "Path or Hub id of the old (v1) task model (merged), or of its base when `old_adapter` is "
+                  "given. Alternatively pass `old_model=` to the trainer, or use `old_logits_cache`."},
+    )
+    old_adapter: str | None = field(
+        default=None,
+        metadata={"help": "Path or Hub id of the old model's task adapter, applied to `old_model` (merged)."},
+    )
+    temperature: float = field(default=2.0, metadata={"help": "Distillation temperature T (paper: 2)."})
+    mask: str = field(
+        default="student_wrong",
+        metadata={"help": "Masking strategy, by plugin name: student_wrong (eq. 1, default), old_likelier_token "
+                  "(LL_L), old_likelier_sequence (LL_S), old_correct, old_only, new_only, or a plugin's."},
+    )
+    ce_weight: float = field(
+        default=0.0,
+        metadata={"help": "Weight λ_CE of the auxiliary cross-entropy on the labels (paper: for large gaps)."},
+    )
+    kl_chunk_size: int = field(
+        default=1024,
+        metadata={"help": "Scored tokens per chunk of the KL computation (bounds the float32 vocabulary tensors)."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.ce_weight < 0:
+            raise ValueError(f"ce_weight must be ≥ 0, got {self.ce_weight}")
+        if self.kl_chunk_size < 1:
+            raise ValueError(f"kl_chunk_size must be ≥ 1, got {self.kl_chunk_size}")
+        if self.old_adapter is not None and self.old_model is None:
+            raise ValueError("old_adapter needs old_model (the old base it applies to)")

@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+import logging
+
+import torch
+from trl import SFTTrainer
+
+from .compat_config import CompatConfig
+from .losses import muscle_token_loss_chunked
+from .plugins import get_muscle_mask
+
+logger = logging.getLogger(__name__)
+
+NEW_TEACHER = "muscle_new_teacher"
+
+
+def check_same_vocabulary(old_tokenizer, new_tokenizer, where: str = "") -> None:
+    """Refuse an update whose tokenizers differ: the KL compares next-token distributions index by index."""
+    old_vocab, new_vocab = old_tokenizer.get_vocab(), new_tokenizer.get_vocab()
+    if len(old_vocab) != len(new_vocab):
+        raise ValueError(f"{where}the old and new tokenizers have different vocabulary sizes "
+                         f"({len(old_vocab)} vs {len(new_vocab)}): MUSCLE needs a shared vocabulary")
+    if old_vocab != new_vocab:
+        diff = sorted(set(old_vocab.items()) ^ set(new_vocab.items()), key=str)[:3]
+        raise ValueError(f"{where}the old and new tokenizers map tokens differently (e.g. {diff}): MUSCLE needs a "
+                         "shared vocabulary")
+
+
+def _load_lora(base, adapter: str):
+    from peft import PeftConfig, PeftModel
+
+    try:
+        config = PeftConfig.from_pretrained(adapter)
+    except Exception as err:  # noqa: BLE001 - PEFT raises several kinds for a missing adapter
+        raise ValueError(f"new_adapter {adapter!r}: no PEFT adapter found there ({err})") from err
+    if str(getattr(config.peft_type, "value", config.peft_type)).upper() != "LORA":
+        raise ValueError(f"new_adapter {adapter!r} is a {config.peft_type} adapter; MUSCLE initialises the "
+                         "compatibility adapter from a LoRA task adapter")
+    model = PeftModel.from_pretrained(base, adapter, adapter_name="default", is_trainable=True)
+    model.load_adapter(adapter, adapter_name=NEW_TEACHER, is_trainable=False)
+    return model
+
+
+class CompatTrainer(SFTTrainer):
+    r"""MUSCLE (paper 002 §4.1): train a compatibility LoRA adapter on the new base model so that the updated
+    task model keeps the old one's right answers.
+
+    - `model`: the new base model (v2), a Hub id, path or `PreTrainedModel` (not a `PeftModel`);
+    - `args.new_adapter`: the v2 task LoRA adapter. The student (adapter `default`) starts from it; a frozen
+      copy (`muscle_new_teacher`) on the same base is the new teacher, reached by switching adapters, so v2
+      is in memory once;
+    - the old teacher: `old_model=` (a model), or `args.old_model` (+ `args.old_adapter`).
+
+    Same constructor as `SFTTrainer` otherwise (no `peft_config`: the adapter comes from `new_adapter`).
+    """
+
+    _tag_names = ["trl", "sft", "adaptguard", "muscle"]
+    _name = "MUSCLE"
+    loss_is_scaled_for_ga = True
+
+    def __init__(self, model, args: CompatConfig | None = None, *pos_args, old_model=None,
+                 old_processing_class=None, **kwargs):
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not isinstance(args, CompatConfig):
+            raise TypeError("CompatTrainer needs a CompatConfig (with new_adapter)")
+        if kwargs.get("peft_config") is not None:
+            raise ValueError("CompatTrainer builds its adapter from args.new_adapter; do not pass peft_config")
+        if args.new_adapter is None:
+            raise ValueError("CompatConfig.new_adapter is required: the v2 task LoRA adapter to start from")
+        get_muscle_mask(args.mask)  # unknown names fail before anything loads
+        if isinstance(model, PeftModel):
+            raise ValueError("pass the new base model, not a PeftModel: the adapters come from args.new_adapter")
+        if isinstance(model, str):
+            model = AutoModelForCausalLM.from_pretrained(model, **(args.model_init_kwargs or {}))
+        processing_class = kwargs.get("processing_class")
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
+            kwargs["processing_class"] = processing_class
+
+        if old_model is None:
+            if args.old_model is None:
+                raise ValueError("give the old (v1) task model: CompatTrainer(old_model=...) or CompatConfig.old_model")
+            old_model = AutoModelForCausalLM.from_pretrained(args.old_model, **(args.model_init_kwargs or {}))
+            if args.old_adapter is not None:
+                old_model = PeftModel.from_pretrained(old_model, args.old_adapter).merge_and_unload()
+            old_processing_class = old_processing_class or AutoTokenizer.from_pretrained(args.old_model)
+        if old_processing_class is not None:
+            check_same_vocabulary(old_processing_class, processing_class)
+        old_vocab = old_model.get_output_embeddings().weight.shape[0]
+        new_vocab = model.get_output_embeddings().weight.shape[0]
+        if old_vocab != new_vocab:
+            raise ValueError(f"the old model has {old_vocab} output logits and the new one {new_vocab}: MUSCLE needs "
+                             "a shared vocabulary")
+
+        super().__init__(_load_lora(model, args.new_adapter), args, *pos_args, **kwargs)
+        old_model.requires_grad_(False).eval()
+        if self.is_deepspeed_enabled:
+            from trl.models import prepare_deepspeed
+
+            self.old_model = prepare_deepspeed(old_model, self.accelerator)
+        else:
+            self.old_model = self.accelerator.prepare_model(old_model, evaluation_mode=True)
+
+    @torch.no_grad()
+    def teacher_logits(self, model, model_inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(old, new) teacher logits, (B, L, V). The new teacher is the frozen v2 adapter on the student's base."""
+        peft_model = self.accelerator.unwrap_model(model)
+        peft_model.set_adapter(NEW_TEACHER, inference_mode=True)
+        try:
+            new_logits = peft_model(**model_inputs).logits
+        finally:
+            peft_model.set_adapter("default")  # the student again, trainable
+        return self.old_model(**model_inputs).logits, new_logits
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mode = "train" if self.model.training else "eval"
+        args = self.args
+        inputs = {**inputs, "use_cache": False}
+        labels = inputs.pop("labels")
+        old_logits, new_logits = self.teacher_logits(model, inputs)
+        outputs = model(**inputs)
+        student = outputs.logits
+        # logits[:, t] predicts labels[:, t + 1]: shift the labels, not the (large) logits
+        shifted = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+        per_token, m = muscle_token_loss_chunked(student, old_logits, new_logits, shifted, mask=args.mask,
+                                                 temperature=args.temperature, chunk_size=args.kl_chunk_size)
+        valid = shifted != -100
+        n = valid.sum() if num_items_in_batch is None else num_items_in_batch
+        n = torch.as_tensor(n, device=per_token.device).clamp(min=1)
+        kl = per_token.sum() / n
+        loss = kl
+        ce = None
+        if args.ce_weight > 0:
+            ce = torch.nn.functional.cross_entropy(student.reshape(-1, student.shape[-1]).float(),
+                                                   shifted.reshape(-1), ignore_index=-100, reduction="sum") / n
+            loss = loss + args.ce_weight * ce
+        if args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        if mode == "train" and num_items_in_batch is None:
+            loss = loss / getattr(self, "current_gradient_accumulation_steps", 1)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"Non-finite {mode} MUSCLE loss ({loss.item()}) at global step "
+                                     f"{self.state.global_step}")
+
+        gather = self.accelerator.gather_for_metrics
+        with torch.no_grad():
+            correct = (student.argmax(-1) == shifted) & valid
+            sums = torch.stack([valid.sum().float(), m.sum().float(), correct.sum().float(),
+                                per_token.detach().sum().float()])
+            count, aligned_old, right, kl_sum = gather(sums[None]).sum(0).tolist()
+        metrics = self._metrics[mode]
+        if count:
+            metrics["compat/frac_aligned_old"].append(aligned_old / count)
+            metrics["mean_token_accuracy"].append(right / count)
+            metrics["compat/kl"].append(kl_sum / count)
+            if ce is not None:
+                metrics["compat/ce"].append(ce.item())
+        if mode == "train":
+            local = inputs["attention_mask"].sum() if "attention_mask" in inputs else \
+                torch.tensor(inputs["position_ids"].size(1), device=student.device)
+            self._total_train_tokens += gather(local).sum().item() // self._tp_size
+        metrics["num_tokens"] = [self._total_train_tokens]
+        return (loss, outputs) if return_outputs else loss

@@ -1,0 +1,202 @@
+import subprocess
+import sys
+
+import pytest
+import torch
+from datasets import Dataset
+
+from conftest import ROOT, free_port
+from test_talr_trainer import ROWS
+
+
+def make_adapter(base_path, out, seed, scale=0.3, kind="lora"):
+    """A task adapter with non-zero weights on the embedded base, saved to `out`."""
+    from peft import IA3Config, LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM") \
+        if kind == "lora" else IA3Config(target_modules=["v_proj"], feedforward_modules=[], task_type="CAUSAL_LM")
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_path), config)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, scale)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def update(tmp_path_factory, embedded_path):
+    """v1 task model (base + adapter, merged and saved) and the v2 task adapter, on the embedded base."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = tmp_path_factory.mktemp("update")
+    make_adapter(embedded_path, root / "v1_adapter", seed=1)
+    old = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(embedded_path), root / "v1_adapter")
+    old.merge_and_unload().save_pretrained(root / "v1_task")
+    AutoTokenizer.from_pretrained(embedded_path).save_pretrained(root / "v1_task")
+    make_adapter(embedded_path, root / "v2_adapter", seed=2)
+    return root
+
+
+def compat_args(out, new_adapter, **kw):
+    from adaptguard import CompatConfig
+
+    base = dict(output_dir=str(out), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none",
+                save_strategy="no", logging_steps=1, per_device_train_batch_size=8, disable_tqdm=True, seed=0,
+                new_adapter=str(new_adapter))
+    base.update(kw)
+    return CompatConfig(**base)
+
+
+def make_trainer(embedded_path, update, out, **kw):
+    from transformers import AutoTokenizer
+
+    from adaptguard import CompatTrainer
+
+    return CompatTrainer(model=str(embedded_path), args=compat_args(out, update / "v2_adapter",
+                                                                    old_model=str(update / "v1_task"), **kw),
+                         train_dataset=Dataset.from_list(ROWS), processing_class=AutoTokenizer.from_pretrained(embedded_path))
+
+
+def test_loss_matches_reference_implementation(embedded_path, update, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from adaptguard.losses import muscle_token_loss
+
+    trainer = make_trainer(embedded_path, update, tmp_path, temperature=2.0, ce_weight=0.5)
+    # make the student differ from its initial (= new teacher) weights, as after some training
+    with torch.no_grad():
+        for n, p in trainer.model.named_parameters():
+            if "lora_B" in n and ".default." in n:
+                p.add_(0.2 * torch.randn_like(p))
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, dict(batch)).item()
+
+    model_inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with torch.no_grad():
+        student = trainer.model(**model_inputs).logits
+        old = AutoModelForCausalLM.from_pretrained(update / "v1_task")(**model_inputs).logits
+        new = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(embedded_path),
+                                        update / "v2_adapter")(**model_inputs).logits
+    labels = torch.cat([batch["labels"][:, 1:], torch.full_like(batch["labels"][:, :1], -100)], 1)
+    per_token, m = muscle_token_loss(student, old, new, labels, temperature=2.0)
+    n = (labels != -100).sum()
+    ce = torch.nn.functional.cross_entropy(student.reshape(-1, student.shape[-1]), labels.reshape(-1),
+                                           ignore_index=-100, reduction="sum") / n
+    assert 0 < m.sum() < n  # both teachers are used on this batch
+    assert loss == pytest.approx((per_token.sum() / n + 0.5 * ce).item(), rel=1e-4)
+    assert trainer._metrics["train"]["compat/frac_aligned_old"][-1] == pytest.approx((m.sum() / n).item())
+
+
+def test_training_moves_only_the_student_adapter(embedded_path, update, tmp_path):
+    from adaptguard.compat_trainer import NEW_TEACHER
+
+    trainer = make_trainer(embedded_path, update, tmp_path, max_steps=3, learning_rate=1e-2)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    moved = [n for n in before if not torch.equal(before[n], after[n])]
+    assert moved and all(".default." in n for n in moved)
+    teacher = [n for n in before if NEW_TEACHER in n]
+    assert teacher and all(torch.equal(before[n], after[n]) for n in teacher)
+    # one copy of the v2 base: exactly one set of base weights in the student model
+    base_weights = [n for n in after if n.endswith("embed_tokens.weight")]
+    assert len(base_weights) == 1
+    assert any("compat/frac_aligned_old" in h for h in trainer.state.log_history)
+
+
+def one_sgd_step(embedded_path, update, out, **kw):
+    trainer = make_trainer(embedded_path, update, out, max_steps=1, optim="sgd", learning_rate=1.0,
+                           lr_scheduler_type="constant", **kw)
+    trainer.train()
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if ".default." in n}
+
+
+def test_gradient_accumulation_gives_the_big_batch_update(embedded_path, update, tmp_path):
+    big = one_sgd_step(embedded_path, update, tmp_path / "a", per_device_train_batch_size=8)
+    acc = one_sgd_step(embedded_path, update, tmp_path / "b", per_device_train_batch_size=2,
+                       gradient_accumulation_steps=4)
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    # the student starts from the v2 task adapter
+    start = dict(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(embedded_path),
+                                           update / "v2_adapter").named_parameters())
+    moved = max((big[n] - start[n]).abs().max().item() for n in big if n in start)
+    assert moved > 1e-5
+    for n in big:
+        torch.testing.assert_close(big[n] - start[n], acc[n] - start[n], rtol=1e-3, atol=1e-8, msg=n)
+
+
+DDP_SCRIPT = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_compat_trainer import make_trainer
+from pathlib import Path
+from safetensors.torch import save_file
+trainer = make_trainer(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], max_steps=1, optim="sgd",
+                       learning_rate=1.0, lr_scheduler_type="constant", per_device_train_batch_size=4)
+trainer.train()
+assert trainer.accelerator.num_processes == 2
+if trainer.accelerator.is_main_process:
+    save_file({{n: p.detach().contiguous() for n, p in trainer.model.named_parameters() if ".default." in n}},
+              sys.argv[3] + "/params.safetensors")
+"""
+
+
+def test_two_processes_give_the_big_batch_update(embedded_path, update, tmp_path):
+    from safetensors.torch import load_file
+
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT.format(tests=str(ROOT / "tests")))
+    out = tmp_path / "ddp"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                           "--main_process_port", str(free_port()), str(script), str(embedded_path), str(update),
+                           str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ddp = load_file(out / "params.safetensors")
+    single = one_sgd_step(embedded_path, update, tmp_path / "single", per_device_train_batch_size=8)
+    for n in single:
+        torch.testing.assert_close(ddp[n], single[n], rtol=1e-4, atol=1e-7, msg=n)
+
+
+def test_bad_input_fails_before_training(embedded_path, update, tmp_path):
+    from tokenizers import Tokenizer, models
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from adaptguard import CompatTrainer
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    data = Dataset.from_list(ROWS)
+    with pytest.raises(ValueError, match="known masks"):
+        make_trainer(embedded_path, update, tmp_path, mask="nope")
+    with pytest.raises(ValueError, match="no PEFT adapter"):
+        CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path, tmp_path / "missing",
+                                                                 old_model=str(update / "v1_task")),
+                      train_dataset=data, processing_class=tok)
+    make_adapter(embedded_path, tmp_path / "ia3", seed=3, kind="ia3")
+    with pytest.raises(ValueError, match="LoRA"):
+        CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path, tmp_path / "ia3",
+                                                                 old_model=str(update / "v1_task")),
+                      train_dataset=data, processing_class=tok)
+    vocab = dict(tok.get_vocab())
+    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(
+        {t: (i + 1) % len(vocab) for t, i in vocab.items()}, unk_token="<|pad|>")), pad_token="<|pad|>")
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(ValueError, match="map tokens differently"):
+        CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path, update / "v2_adapter"),
+                      old_model=AutoModelForCausalLM.from_pretrained(update / "v1_task"), old_processing_class=other,
+                      train_dataset=data, processing_class=tok)
+    with pytest.raises(ValueError, match="old \\(v1\\) task model"):
+        CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path, update / "v2_adapter"),
+                      train_dataset=data, processing_class=tok)
+    with pytest.raises(ValueError, match="temperature"):
+        compat_args(tmp_path, update / "v2_adapter", temperature=0.0)
