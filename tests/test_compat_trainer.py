@@ -200,3 +200,66 @@ def test_bad_input_fails_before_training(embedded_path, update, tmp_path):
                       train_dataset=data, processing_class=tok)
     with pytest.raises(ValueError, match="temperature"):
         compat_args(tmp_path, update / "v2_adapter", temperature=0.0)
+
+
+def test_cache_with_full_vocabulary_equals_online_teacher(embedded_path, update, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptguard import CompatTrainer
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    vocab = AutoModelForCausalLM.from_pretrained(embedded_path).config.vocab_size
+    cache = tmp_path / "cache"
+    ROWS_FILE = tmp_path / "rows.jsonl"
+    import json
+
+    ROWS_FILE.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "cache-logits", "--old-model",
+                           str(update / "v1_task"), "--tokenizer", str(embedded_path), "--dataset", str(ROWS_FILE),
+                           "--out", str(cache), "--k", str(vocab)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((cache / "cache.json").read_text())["rows"] == len(ROWS)
+
+    online = make_trainer(embedded_path, update, tmp_path / "online", ce_weight=0.3)
+    cached = CompatTrainer(model=str(embedded_path),
+                           args=compat_args(tmp_path / "cached", update / "v2_adapter", old_logits_cache=str(cache),
+                                            ce_weight=0.3),
+                           train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    assert cached.old_model is None  # v1 is not in memory
+    batch = next(iter(online.get_train_dataloader()))
+    for t in (online, cached):
+        t.model.train()
+    a = online.compute_loss(online.model, dict(batch)).item()
+    b = cached.compute_loss(cached.model, dict(batch)).item()
+    assert a > 0 and b == pytest.approx(a, rel=1e-5)
+
+
+def test_topk_cache_approximates_and_fingerprints_are_checked(embedded_path, update, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptguard import CompatTrainer
+    from adaptguard.logit_cache import cache_logits_for_training
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    old = AutoModelForCausalLM.from_pretrained(update / "v1_task")
+    online = make_trainer(embedded_path, update, tmp_path / "online")
+    batch = next(iter(online.get_train_dataloader()))
+    exact = online.compute_loss(online.model, dict(batch)).item()
+    errors = []
+    for k in (8, 128):
+        cache = cache_logits_for_training(old, tok, Dataset.from_list(ROWS), tmp_path / f"c{k}", k=k)
+        cached = CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path / f"cached{k}", update / "v2_adapter",
+                                                                          old_logits_cache=str(cache)),
+                               train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+        errors.append(abs(cached.compute_loss(cached.model, dict(batch)).item() - exact))
+    assert errors[1] < errors[0]  # the top-k approximation tightens as k grows (k = V is exact: test above)
+    other_rows = [{"prompt": r["prompt"] + " extra", "completion": r["completion"]} for r in ROWS]
+    with pytest.raises(ValueError, match="not in the cache"):
+        CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path / "x", update / "v2_adapter",
+                                                                 old_logits_cache=str(cache)),
+                      train_dataset=Dataset.from_list(other_rows), processing_class=tok)
+    with pytest.raises(ValueError, match="not an adaptguard logit cache"):
+        compat_args(tmp_path / "y", update / "v2_adapter", old_logits_cache=str(tmp_path)) and \
+            CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path / "y", update / "v2_adapter",
+                                                                     old_logits_cache=str(tmp_path)),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok)

@@ -79,6 +79,41 @@ def _lm_eval(ns: argparse.Namespace) -> int:
     return run_lm_eval(ns.args)
 
 
+def _load_any_dataset(spec: str, split: str):
+    """A dataset from a Hub name, a `save_to_disk` directory, or a .json/.jsonl/.csv/.parquet file."""
+    from pathlib import Path
+
+    import datasets
+
+    path = Path(spec)
+    if path.is_dir() and (path / "dataset_info.json").exists() or (path / "state.json").exists():
+        data = datasets.load_from_disk(str(path))
+        return data[split] if isinstance(data, datasets.DatasetDict) else data
+    if path.is_file():
+        kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(path.suffix)
+        if kind is None:
+            raise ValueError(f"{path}: unsupported dataset file type (use .json, .jsonl, .csv or .parquet)")
+        return datasets.load_dataset(kind, data_files=str(path), split="train")
+    return datasets.load_dataset(spec, split=split)
+
+
+def _cache_logits(ns: argparse.Namespace) -> int:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .logit_cache import cache_logits_for_training
+
+    old = AutoModelForCausalLM.from_pretrained(ns.old_model)
+    if ns.old_adapter:
+        from peft import PeftModel
+
+        old = PeftModel.from_pretrained(old, ns.old_adapter).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(ns.tokenizer or ns.old_model)
+    out = cache_logits_for_training(old, tokenizer, _load_any_dataset(ns.dataset, ns.split), ns.out, k=ns.k,
+                                    max_length=ns.max_length, batch_size=ns.batch_size, model_name=ns.old_model)
+    print(out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptguard", description="Adapt and update LLMs without breaking "
                                      "what already works.")
@@ -110,6 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
                          add_help=False)
     lme.add_argument("args", nargs=argparse.REMAINDER)
     lme.set_defaults(func=_lm_eval)
+    cache = sub.add_parser("cache-logits", help="Run the old model once over a training set and store its top-k "
+                           "log-probabilities, for CompatTrainer(old_logits_cache=...).")
+    cache.add_argument("--old-model", required=True, help="old (v1) task model, or its base with --old-adapter")
+    cache.add_argument("--old-adapter", help="old task adapter to merge into --old-model")
+    cache.add_argument("--tokenizer", help="the NEW model's tokenizer, which CompatTrainer will tokenize with "
+                       "(default: the old model's; the vocabularies must be equal)")
+    cache.add_argument("--dataset", required=True, help="Hub name, save_to_disk directory, or .json/.jsonl/.csv/"
+                       ".parquet file, in any format SFTTrainer accepts")
+    cache.add_argument("--split", default="train")
+    cache.add_argument("--out", required=True, help="cache directory to write")
+    cache.add_argument("--k", type=int, default=64, help="top-k log-probabilities kept per token (default 64)")
+    cache.add_argument("--max-length", type=int, default=1024, help="must equal the trainer's max_length")
+    cache.add_argument("--batch-size", type=int, default=8)
+    cache.set_defaults(func=_cache_logits)
     emb = sub.add_parser("embedded", help="Build (once) and print the local path of an embedded default model, "
                          "usable wherever a Hub id is accepted.")
     emb.add_argument("name", nargs="?", default="tiny")

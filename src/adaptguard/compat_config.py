@@ -27,6 +27,11 @@ class CompatConfig(SFTConfig):
         default=None,
         metadata={"help": "Path or Hub id of the old model's task adapter, applied to `old_model` (merged)."},
     )
+    old_logits_cache: str | None = field(
+        default=None,
+        metadata={"help": "Directory written by `adaptguard cache-logits`: the old model's top-k log-probabilities "
+                  "on the training set, used instead of the old model (which then need not be in memory)."},
+    )
     temperature: float = field(default=2.0, metadata={"help": "Distillation temperature T (paper: 2)."})
     mask: str = field(
         default="student_wrong",
@@ -50,5 +55,8 @@ class CompatConfig(SFTConfig):
             raise ValueError(f"ce_weight must be ≥ 0, got {self.ce_weight}")
         if self.kl_chunk_size < 1:
             raise ValueError(f"kl_chunk_size must be ≥ 1, got {self.kl_chunk_size}")
+        if self.old_logits_cache is not None and (self.packing or self.padding_free):
+            raise ValueError("old_logits_cache identifies rows by their tokens: it cannot be used with packing or "
+                             "padding_free")
         if self.old_adapter is not None and self.old_model is None:
             raise ValueError("old_adapter needs old_model (the old base it applies to)")

@@ -6,6 +6,7 @@ import torch
 from trl import SFTTrainer
 
 from .compat_config import CompatConfig
+from .logit_cache import LogitCache, row_fingerprint
 from .losses import muscle_token_loss_chunked
 from .plugins import get_muscle_mask
 
@@ -49,7 +50,8 @@ class CompatTrainer(SFTTrainer):
     - `args.new_adapter`: the v2 task LoRA adapter. The student (adapter `default`) starts from it; a frozen
       copy (`muscle_new_teacher`) on the same base is the new teacher, reached by switching adapters, so v2
       is in memory once;
-    - the old teacher: `old_model=` (a model), or `args.old_model` (+ `args.old_adapter`).
+    - the old teacher: `old_model=` (a model), or `args.old_model` (+ `args.old_adapter`), or a top-k logit
+      cache of it (`args.old_logits_cache`, from `adaptguard cache-logits`), so v1 need not be in memory.
 
     Same constructor as `SFTTrainer` otherwise (no `peft_config`: the adapter comes from `new_adapter`).
     """
@@ -79,9 +81,22 @@ class CompatTrainer(SFTTrainer):
             processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
             kwargs["processing_class"] = processing_class
 
+        self.old_cache = None
+        if args.old_logits_cache is not None:
+            if old_model is not None or args.old_model is not None:
+                raise ValueError("give the old model either as a model (old_model) or as old_logits_cache, not both")
+            self.old_cache = LogitCache(args.old_logits_cache)
+            self.old_cache.check(processing_class, model.get_output_embeddings().weight.shape[0])
+            super().__init__(_load_lora(model, args.new_adapter), args, *pos_args, **kwargs)
+            self.old_model = None
+            if self.train_dataset is not None:  # every training row must be cached: fail before training
+                rows = self.train_dataset.select_columns(["input_ids", "labels"])
+                self.old_cache.rows_for([row_fingerprint(r["input_ids"], r["labels"]) for r in rows])
+            return
         if old_model is None:
             if args.old_model is None:
-                raise ValueError("give the old (v1) task model: CompatTrainer(old_model=...) or CompatConfig.old_model")
+                raise ValueError("give the old (v1) task model: CompatTrainer(old_model=...), CompatConfig.old_model "
+                                 "or CompatConfig.old_logits_cache")
             old_model = AutoModelForCausalLM.from_pretrained(args.old_model, **(args.model_init_kwargs or {}))
             if args.old_adapter is not None:
                 old_model = PeftModel.from_pretrained(old_model, args.old_adapter).merge_and_unload()
@@ -104,7 +119,7 @@ class CompatTrainer(SFTTrainer):
             self.old_model = self.accelerator.prepare_model(old_model, evaluation_mode=True)
 
     @torch.no_grad()
-    def teacher_logits(self, model, model_inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def teacher_logits(self, model, model_inputs, labels) -> tuple[torch.Tensor, torch.Tensor]:
         """(old, new) teacher logits, (B, L, V). The new teacher is the frozen v2 adapter on the student's base."""
         peft_model = self.accelerator.unwrap_model(model)
         peft_model.set_adapter(NEW_TEACHER, inference_mode=True)
@@ -112,14 +127,22 @@ class CompatTrainer(SFTTrainer):
             new_logits = peft_model(**model_inputs).logits
         finally:
             peft_model.set_adapter("default")  # the student again, trainable
-        return self.old_model(**model_inputs).logits, new_logits
+        if self.old_cache is None:
+            return self.old_model(**model_inputs).logits, new_logits
+        return self.cached_old_logits(model_inputs, labels, new_logits.dtype), new_logits
+
+    def cached_old_logits(self, model_inputs, labels, dtype) -> torch.Tensor:
+        """The old model's (B, L, V) log-probabilities rebuilt from the top-k cache, rows found by fingerprint."""
+        mask = model_inputs["attention_mask"].bool()
+        prints = [row_fingerprint(ids[m], lab[m]) for ids, lab, m in zip(model_inputs["input_ids"], labels, mask)]
+        return self.old_cache.dense_logits(self.old_cache.rows_for(prints), labels, dtype=dtype)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"
         args = self.args
         inputs = {**inputs, "use_cache": False}
         labels = inputs.pop("labels")
-        old_logits, new_logits = self.teacher_logits(model, inputs)
+        old_logits, new_logits = self.teacher_logits(model, inputs, labels)
         outputs = model(**inputs)
         student = outputs.logits
         # logits[:, t] predicts labels[:, t + 1]: shift the labels, not the (large) logits
