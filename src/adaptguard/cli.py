@@ -114,6 +114,20 @@ def _cache_logits(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _update(ns: argparse.Namespace) -> int:
+    from .update import UpdateConfig, run_update, tiny_preset
+
+    if (ns.config is None) == (ns.preset is None):
+        raise ValueError("give a CONFIG file or --preset tiny (one of them)")
+    cfg = tiny_preset(ns.out or "update-out") if ns.preset else UpdateConfig.from_file(ns.config)
+    if ns.out and not ns.preset:
+        cfg.output_dir = ns.out
+    report = run_update(cfg)
+    print(f"old acc {report['old_acc']:.3f}  new acc {report['new_acc']:.3f}  compat acc {report['compat_acc']:.3f}  "
+          f"NFR {report['nfr']:.3f} -> NFR_c {report['nfr_compat']:.3f}  ({cfg.output_dir}/report.md)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptguard", description="Adapt and update LLMs without breaking "
                                      "what already works.")
@@ -159,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--max-length", type=int, default=1024, help="must equal the trainer's max_length")
     cache.add_argument("--batch-size", type=int, default=8)
     cache.set_defaults(func=_cache_logits)
+    upd = sub.add_parser("update", help="Paper 002's update experiment: task adapters on v1 and v2, compatibility, "
+                         "MUSCLE compatibility adapter, report.")
+    upd.add_argument("config", nargs="?", help="JSON config (fields of adaptguard.update.UpdateConfig)")
+    upd.add_argument("--preset", choices=["tiny"], help="run on the embedded default (tiny -> tiny-v2)")
+    upd.add_argument("--out", help="output directory (overrides the config's output_dir)")
+    upd.set_defaults(func=_update)
     emb = sub.add_parser("embedded", help="Build (once) and print the local path of an embedded default model, "
                          "usable wherever a Hub id is accepted.")
     emb.add_argument("name", nargs="?", default="tiny")

@@ -1,0 +1,235 @@
+"""`adaptguard update CONFIG`: paper 002's model-update experiment in one command.
+
+Train a task LoRA adapter on the old base (v1) and on the new base (v2), evaluate both on the test
+set, measure compatibility, train the MUSCLE compatibility adapter (on v2, from v2's task adapter,
+distilled from both task models), evaluate it, and write `report.json`, `report.md` (paper 002
+Tables 3–6 layout) and flip-quadrant plots into the output directory.
+
+CONFIG is a JSON file (see `UpdateConfig`); `--preset tiny` runs on the embedded default
+(bases `tiny` → `tiny-v2`, the question/answer domain task).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .callbacks import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class UpdateConfig:
+    old_base: str  # Hub id or local path of the old base model (v1)
+    new_base: str  # ... of the new base model (v2); same vocabulary
+    train: str | list  # prompt/completion rows: a list, a .json/.jsonl file, a save_to_disk dir or a Hub name
+    test: str | list
+    output_dir: str = "update-out"
+    split_train: str = "train"
+    split_test: str = "test"
+    lora_r: int = 16
+    lora_alpha: int = 32
+    task_learning_rate: float = 1e-3
+    task_epochs: float = 3.0
+    compat_learning_rate: float = 1e-3
+    compat_epochs: float = 3.0
+    temperature: float = 2.0
+    mask: str = "student_wrong"
+    ce_weight: float = 0.0
+    batch_size: int = 16
+    max_length: int = 512
+    max_new_tokens: int = 32
+    seed: int = 0
+    use_cpu: bool = False
+    extra_args: dict = field(default_factory=dict)  # more TrainingArguments for all three trainings
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> UpdateConfig:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as err:
+            raise ValueError(f"{path}: no such config file") from err
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from err
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{path}: unknown fields {sorted(unknown)}; known: {sorted(names)}")
+        missing = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING} - set(data)
+        if missing:
+            raise ValueError(f"{path}: missing required fields {sorted(missing)}")
+        return cls(**data)
+
+
+def tiny_preset(output_dir: str = "update-out") -> UpdateConfig:
+    from .embedded import domain_split, embedded_model_path
+
+    train, test = domain_split(n_train=192)
+    return UpdateConfig(old_base=str(embedded_model_path("tiny")), new_base=str(embedded_model_path("tiny-v2")),
+                        train=train, test=test, output_dir=output_dir, lora_r=16, lora_alpha=32,
+                        task_learning_rate=3e-3, task_epochs=6, compat_learning_rate=2e-3, compat_epochs=3,
+                        batch_size=16, max_length=64, max_new_tokens=8, use_cpu=True)
+
+
+def _rows(spec, split: str) -> list[dict]:
+    if isinstance(spec, list):
+        return spec
+    from .cli import _load_any_dataset
+
+    return list(_load_any_dataset(spec, split))
+
+
+@torch.no_grad()
+def generate_answers(model, tokenizer, rows: list[dict], max_new_tokens: int = 32, batch_size: int = 32
+                     ) -> list[str]:
+    """Greedy completions of each row's prompt (up to EOS), stripped."""
+    side, was_training = tokenizer.padding_side, model.training
+    tokenizer.padding_side = "left"
+    model.eval()
+    out = []
+    try:
+        for i in range(0, len(rows), batch_size):
+            prompts = [r["prompt"] for r in rows[i:i + batch_size]]
+            batch = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
+            gen = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            out += [t.strip() for t in tokenizer.batch_decode(gen[:, batch["input_ids"].shape[1]:],
+                                                               skip_special_tokens=True)]
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return out
+
+
+def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tokenizer) -> Path:
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, PrinterCallback
+
+    from .talr_config import TALRConfig
+    from .talr_trainer import TALRTrainer
+
+    args = TALRConfig(output_dir=str(out / "run"), weighting="none", learning_rate=cfg.task_learning_rate,
+                      num_train_epochs=cfg.task_epochs, per_device_train_batch_size=cfg.batch_size,
+                      max_length=cfg.max_length, bf16=False, gradient_checkpointing=False, use_cpu=cfg.use_cpu,
+                      report_to="none", save_strategy="no", disable_tqdm=True, seed=cfg.seed, logging_steps=10,
+                      **cfg.extra_args)
+    trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args,
+                          train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
+                          peft_config=LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear",
+                                                 task_type="CAUSAL_LM"))
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    trainer.model.save_pretrained(out)
+    return out
+
+
+def _evaluate(model, tokenizer, test_rows, cfg) -> tuple[list[bool], list[str]]:
+    preds = generate_answers(model, tokenizer, test_rows, cfg.max_new_tokens)
+    return [p == r["completion"].strip() for p, r in zip(preds, test_rows)], preds
+
+
+def run_update(cfg: UpdateConfig) -> dict:
+    import datasets
+    import transformers
+    from datasets import Dataset
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+
+    from .compare import plot_quadrants
+    from .compat import delta_metrics, flip_metrics
+    from .compat_config import CompatConfig
+    from .compat_trainer import CompatTrainer, check_same_vocabulary
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    start = time.perf_counter()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok_old, tok_new = AutoTokenizer.from_pretrained(cfg.old_base), AutoTokenizer.from_pretrained(cfg.new_base)
+    check_same_vocabulary(tok_old, tok_new, "old_base/new_base: ")  # before any training
+    train_rows, test_rows = _rows(cfg.train, cfg.split_train), _rows(cfg.test, cfg.split_test)
+    for name, rows in (("train", train_rows), ("test", test_rows)):
+        if not rows or not {"prompt", "completion"} <= set(rows[0]):
+            raise ValueError(f"the {name} set must be non-empty prompt/completion rows")
+
+    timings = {}
+    t = time.perf_counter()
+    v1_adapter = _train_task_adapter(cfg, cfg.old_base, train_rows, out / "v1_task_adapter", tok_old)
+    v2_adapter = _train_task_adapter(cfg, cfg.new_base, train_rows, out / "v2_task_adapter", tok_new)
+    timings["task_adapters_s"] = time.perf_counter() - t
+    v1 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.old_base), v1_adapter).merge_and_unload()
+    v2 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.new_base), v2_adapter)
+    old_ok, old_pred = _evaluate(v1, tok_old, test_rows, cfg)
+    new_ok, new_pred = _evaluate(v2, tok_new, test_rows, cfg)
+    del v2
+
+    t = time.perf_counter()
+    args = CompatConfig(output_dir=str(out / "compat_run"), new_adapter=str(v2_adapter), temperature=cfg.temperature,
+                        mask=cfg.mask, ce_weight=cfg.ce_weight, learning_rate=cfg.compat_learning_rate,
+                        num_train_epochs=cfg.compat_epochs, per_device_train_batch_size=cfg.batch_size,
+                        max_length=cfg.max_length, bf16=False, gradient_checkpointing=False, use_cpu=cfg.use_cpu,
+                        report_to="none", save_strategy="no", disable_tqdm=True, seed=cfg.seed, logging_steps=10,
+                        **cfg.extra_args)
+    trainer = CompatTrainer(model=cfg.new_base, args=args, old_model=v1, old_processing_class=tok_old,
+                            train_dataset=Dataset.from_list(train_rows), processing_class=tok_new)
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    timings["compat_adapter_s"] = time.perf_counter() - t
+    compat_model = trainer.model
+    compat_model.save_pretrained(out / "compat_adapter", selected_adapters=["default"])
+    compat_ok, compat_pred = _evaluate(compat_model, tok_new, test_rows, cfg)
+    aligned = [h["compat/frac_aligned_old"] for h in trainer.state.log_history if "compat/frac_aligned_old" in h]
+
+    plain = flip_metrics(old_ok, new_ok, old_pred, new_pred, seed=cfg.seed)
+    compat = flip_metrics(old_ok, compat_ok, old_pred, compat_pred, seed=cfg.seed)
+    deltas = delta_metrics(plain, compat)
+    report = {
+        "old_base": cfg.old_base, "new_base": cfg.new_base, "n_train": len(train_rows), "n_test": len(test_rows),
+        "old_acc": plain["old_acc"], "new_acc": plain["new_acc"], "compat_acc": compat["new_acc"],
+        "nfr": plain["nfr"], "nfr_compat": compat["nfr"], "delta_nfr": deltas["delta_nfr"],
+        "delta_nfr_pct": deltas["delta_nfr_pct"], "pfr": plain["pfr"], "pfr_compat": compat["pfr"],
+        "nfr_mc": plain["nfr_mc"], "nfr_mc_compat": compat["nfr_mc"],
+        "nfr_ci": plain["nfr_ci"], "nfr_compat_ci": compat["nfr_ci"], "mcnemar_p_v1_v2": plain["mcnemar_p"],
+        "mcnemar_p_v1_compat": compat["mcnemar_p"],
+        "frac_aligned_old_first_last": [aligned[0], aligned[-1]] if aligned else None,
+        "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("train", "test")},
+        "timings": timings, "seconds": time.perf_counter() - start,
+    }
+    quadrants = {"old": "v1", "new": "v2", "compatible": "v2 + compat", "tasks": {
+        "v1 → v2": {**plain, "_correct": (old_ok, new_ok)},
+        "v1 → v2 + compatibility adapter": {**compat, "_correct": (old_ok, compat_ok)}}}
+    plot_quadrants(quadrants, out / "flips.png")
+    atomic_write_text(out / "report.json", json.dumps(report, indent=2))
+    atomic_write_text(out / "report.md", update_markdown(report))
+    return report
+
+
+def update_markdown(r: dict) -> str:
+    def pct(v):
+        return "–" if v is None else f"{100 * v:.2f}"
+
+    rel = "–" if r["delta_nfr_pct"] is None else f"{r['delta_nfr_pct']:.1f}"
+    return "\n".join([
+        "# Model update compatibility (MUSCLE, paper 002)", "",
+        f"Old base `{r['old_base']}` → new base `{r['new_base']}`; task adapters trained on {r['n_train']} rows, "
+        f"evaluated on {r['n_test']} test rows (exact match of the greedy completion). All rates in %.", "",
+        "| M_v1 acc | M_v2 acc | M_v2^C acc | NFR | NFR_c | ΔNFR_c | Δ%NFR_c | PFR | PFR_c | NFR_mc | NFR_mc,c |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| {pct(r['old_acc'])} | {pct(r['new_acc'])} | {pct(r['compat_acc'])} | {pct(r['nfr'])} | "
+        f"{pct(r['nfr_compat'])} | {pct(r['delta_nfr'])} | {rel} | {pct(r['pfr'])} | {pct(r['pfr_compat'])} | "
+        f"{pct(r['nfr_mc'])} | {pct(r['nfr_mc_compat'])} |", "",
+        f"Exact McNemar p (discordant pairs): v1→v2 {r['mcnemar_p_v1_v2']:.3g}, v1→compat "
+        f"{r['mcnemar_p_v1_compat']:.3g}. NFR 95% bootstrap CI: v2 [{pct(r['nfr_ci'][0])}, {pct(r['nfr_ci'][1])}], "
+        f"compat [{pct(r['nfr_compat_ci'][0])}, {pct(r['nfr_compat_ci'][1])}].", "",
+        "![flips](flips.png)", "",
+        f"Total {r['seconds']:.0f} s.", ""])

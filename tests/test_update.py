@@ -1,0 +1,65 @@
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def test_update_pipeline_on_embedded_bases(tmp_path, embedded_path):
+    from adaptguard.update import run_update, tiny_preset
+
+    cfg = tiny_preset(str(tmp_path / "out"))
+    cfg.task_epochs, cfg.compat_epochs = 2, 1  # the mechanics, quickly
+    report = run_update(cfg)
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    for key in ("old_acc", "new_acc", "compat_acc", "nfr", "nfr_compat", "delta_nfr", "delta_nfr_pct", "pfr",
+                "pfr_compat", "nfr_mc", "nfr_mc_compat"):
+        assert key in saved
+    # accuracy bookkeeping of the flips: new_acc − old_acc = PFR − NFR, for both updates
+    assert report["new_acc"] - report["old_acc"] == pytest.approx(report["pfr"] - report["nfr"])
+    assert report["compat_acc"] - report["old_acc"] == pytest.approx(report["pfr_compat"] - report["nfr_compat"])
+    assert report["delta_nfr"] == pytest.approx(report["nfr_compat"] - report["nfr"])
+    assert (tmp_path / "out" / "flips.png").stat().st_size > 5000
+    assert "| M_v1 acc |" in (tmp_path / "out" / "report.md").read_text()
+    for adapter in ("v1_task_adapter", "v2_task_adapter", "compat_adapter"):
+        assert (tmp_path / "out" / adapter / "adapter_config.json").exists()
+
+
+def test_config_file_errors(tmp_path):
+    from adaptguard.update import UpdateConfig
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        UpdateConfig.from_file(bad)
+    bad.write_text(json.dumps({"old_base": "a", "new_base": "b", "train": [], "test": [], "lr": 1}))
+    with pytest.raises(ValueError, match="unknown fields \\['lr'\\]"):
+        UpdateConfig.from_file(bad)
+    bad.write_text(json.dumps({"old_base": "a"}))
+    with pytest.raises(ValueError, match="missing required fields \\['new_base', 'test', 'train'\\]"):
+        UpdateConfig.from_file(bad)
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(tmp_path / "none.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no such config file" in proc.stderr
+
+
+def test_vocabulary_mismatch_is_refused_before_training(tmp_path, embedded_path):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from adaptguard.update import UpdateConfig, run_update
+
+    other = tmp_path / "other_base"
+    shutil.copytree(embedded_path, other)
+    for f in other.glob("tokenizer*"):
+        f.unlink()
+    vocab = {f"w{i}": i for i in range(640)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0")),
+                            pad_token="w1", eos_token="w2").save_pretrained(other)
+    rows = [{"prompt": "a", "completion": " b"}]
+    cfg = UpdateConfig(old_base=str(embedded_path), new_base=str(other), train=rows, test=rows,
+                       output_dir=str(tmp_path / "out"), use_cpu=True)
+    with pytest.raises(ValueError, match="old_base/new_base: the old and new tokenizers (map tokens|have different)"):
+        run_update(cfg)
+    assert not (tmp_path / "out" / "v1_task_adapter").exists()
