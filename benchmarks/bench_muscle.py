@@ -1,0 +1,185 @@
+"""CompatTrainer (MUSCLE) vs plain LoRA SFTTrainer steps on the same model, in one run.
+
+    python benchmarks/bench_muscle.py                 # vocab 32k, seq 256, batch 4, 20 rounds
+    python benchmarks/bench_muscle.py --steps 40 --seq 512
+
+Three trainers on identical tiny Llama models built from config: plain SFT with a LoRA adapter (the
+baseline), MUSCLE with the old model online, and MUSCLE reading a top-k (k = 64) cache of the old
+model. Each round runs one training step of each, in rotating order; the script prints the medians
+of the per-round ratios. Goals (issue 4): `muscle_step_time_ratio` ≤ 1.8, `muscle_cached_step_time_ratio`
+≤ 1.35. Memory: peak RSS growth of a fresh subprocess per variant on CPU (alternated, median of 3),
+and `v2_base_copies`, the number of copies of the new base's weights in the MUSCLE trainer (goal 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_talr import peak_rss, reset_peak_rss  # noqa: E402
+
+
+def setup(root: Path, args) -> dict:
+    """Tokenizer, v2 base, v2 task adapter, v1 model and a cache, saved under `root` (once)."""
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from adaptguard.logit_cache import cache_logits_for_training
+
+    vocab = {f"t{i}": i for i in range(args.vocab)}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
+                                  pad_token="t1", eos_token="t2")
+    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
+                         num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=args.seq + 8)
+    for name, seed in (("v2", 0), ("v1", 1)):
+        torch.manual_seed(seed)
+        LlamaForCausalLM(config).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    torch.manual_seed(2)
+    task = get_peft_model(LlamaForCausalLM.from_pretrained(root / "v2"),
+                          LoraConfig(r=args.lora_r, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for n, p in task.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02)
+    task.save_pretrained(root / "v2_adapter")
+    g = torch.Generator().manual_seed(3)
+    words = [f"t{i}" for i in range(3, args.vocab)]
+    rows = []
+    for _ in range(args.batch):
+        ids = torch.randint(0, len(words), (args.seq - 1,), generator=g).tolist()
+        half = len(ids) // 4
+        rows.append({"prompt": " ".join(words[i] for i in ids[:half]),
+                     "completion": " " + " ".join(words[i] for i in ids[half:])})
+    Dataset.from_list(rows).save_to_disk(str(root / "data"))
+    cache_logits_for_training(LlamaForCausalLM.from_pretrained(root / "v1"), tok, Dataset.from_list(rows),
+                              root / "cache", k=args.k, max_length=args.seq + 8)
+    return {"rows": rows}
+
+
+def build(variant: str, root: Path, args):
+    from datasets import load_from_disk
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from adaptguard import CompatConfig, CompatTrainer
+
+    data = load_from_disk(str(root / "data"))
+    tok = AutoTokenizer.from_pretrained(root / "v2")
+    common = dict(output_dir=str(root / f"out-{variant}"), bf16=False, gradient_checkpointing=False,
+                  report_to="none", per_device_train_batch_size=args.batch, max_length=args.seq + 8,
+                  learning_rate=1e-5, use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
+    if variant == "sft":
+        trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(root / "v2"), args=SFTConfig(**common),
+                             train_dataset=data, processing_class=tok,
+                             peft_config=LoraConfig(r=args.lora_r, target_modules=["q_proj", "v_proj"],
+                                                    task_type="CAUSAL_LM"))
+    else:
+        extra = {"old_model": str(root / "v1")} if variant == "muscle" else {"old_logits_cache": str(root / "cache")}
+        trainer = CompatTrainer(model=str(root / "v2"), args=CompatConfig(new_adapter=str(root / "v2_adapter"),
+                                                                          **extra, **common),
+                                train_dataset=data, processing_class=tok)
+    trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
+    trainer.current_gradient_accumulation_steps = 1
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    return trainer, batch, (batch["labels"][:, 1:] != -100).sum()
+
+
+def step(trainer, batch, n_items) -> float:
+    start = time.perf_counter()
+    trainer.training_step(trainer.model, dict(batch), n_items)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def base_copies(trainer) -> int:
+    """How many distinct tensors hold the v2 base's embedding matrix in the trainer's model."""
+    ptrs = {p.data_ptr() for n, p in trainer.model.named_parameters() if n.endswith("embed_tokens.weight")}
+    return len(ptrs)
+
+
+def memory_child(variant: str, root: Path, args) -> None:
+    trainer, batch, n = build(variant, root, args)
+    step(trainer, batch, n)
+    base = reset_peak_rss()
+    for _ in range(3):
+        step(trainer, batch, n)
+    print(json.dumps({"peak_growth": peak_rss() - base}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument("--k", type=int, default=64)
+    parser.add_argument("--memory-repeats", type=int, default=3)
+    parser.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    if args._child:
+        memory_child(args._child[0], Path(args._child[1]), args)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        setup(root, args)
+        bundles = {v: build(v, root, args) for v in ("sft", "muscle", "cached")}
+        for _ in range(2):
+            for b in bundles.values():
+                step(*b)
+        times = {v: [] for v in bundles}
+        order = list(bundles)
+        for i in range(args.steps):
+            for v in order[i % 3:] + order[:i % 3]:
+                times[v].append(step(*bundles[v]))
+        copies = base_copies(bundles["muscle"][0])
+        ratio = lambda v: statistics.median(a / b for a, b in zip(times[v], times["sft"]))  # noqa: E731
+        peaks = {v: [] for v in bundles}
+        cmd = [sys.executable, __file__, *[f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
+                                         ("vocab", "seq", "batch", "hidden", "layers", "lora_r", "k")]]
+        for i in range(args.memory_repeats):
+            for v in (order if i % 2 == 0 else order[::-1]):
+                out = subprocess.run([*cmd, "--_child", v, str(root)], capture_output=True, text=True, check=True,
+                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+                peaks[v].append(json.loads(out.stdout.strip().splitlines()[-1])["peak_growth"])
+    med = {v: statistics.median(p) for v, p in peaks.items()}
+    result = {
+        "muscle_step_time_ratio": round(ratio("muscle"), 3),
+        "muscle_cached_step_time_ratio": round(ratio("cached"), 3),
+        "sft_step_seconds_median": round(statistics.median(times["sft"]), 4),
+        "muscle_peak_memory_ratio": round(med["muscle"] / med["sft"], 3),
+        "muscle_cached_peak_memory_ratio": round(med["cached"] / med["sft"], 3),
+        "sft_peak_growth_mib": round(med["sft"] / 2**20, 1),
+        "v2_base_copies": copies,
+        "rounds": args.steps, "vocab": args.vocab, "seq": args.seq, "batch": args.batch, "k": args.k,
+    }
+    for key, value in result.items():
+        print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()
