@@ -263,3 +263,19 @@ def test_topk_cache_approximates_and_fingerprints_are_checked(embedded_path, upd
             CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path / "y", update / "v2_adapter",
                                                                      old_logits_cache=str(tmp_path)),
                           train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+
+
+def test_example_script(embedded_path, update, tmp_path):
+    out = tmp_path / "ex"
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "muscle_update.py"), "--model_name_or_path",
+                           str(embedded_path), "--new_adapter", str(update / "v2_adapter"), "--old_model",
+                           str(update / "v1_task"), "--dataset_name", "embedded:domain", "--max_steps", "2",
+                           "--per_device_train_batch_size", "4", "--bf16", "False", "--use_cpu", "--report_to", "none",
+                           "--output_dir", str(out), "--mask", "old_likelier_token"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    saved = json.loads((out / "adapter_config.json").read_text())
+    assert saved["peft_type"] == "LORA"
+    assert not (out / "muscle_new_teacher").exists()
