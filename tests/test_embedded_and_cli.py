@@ -51,7 +51,7 @@ def test_embedded_path_is_cached(embedded_path):
 def test_unknown_embedded_name():
     from adaptguard.embedded import embedded_model_path
 
-    with pytest.raises(ValueError, match="known: \\['tiny'\\]"):
+    with pytest.raises(ValueError, match=r"known: \['tiny', 'tiny-v2'\]"):
         embedded_model_path("huge")
 
 

@@ -63,3 +63,24 @@ def test_vocabulary_mismatch_is_refused_before_training(tmp_path, embedded_path)
     with pytest.raises(ValueError, match="old_base/new_base: the old and new tokenizers (map tokens|have different)"):
         run_update(cfg)
     assert not (tmp_path / "out" / "v1_task_adapter").exists()
+
+
+def test_load_any_dataset(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    from adaptguard.data import load_any_dataset
+
+    rows = [{"prompt": "a", "completion": " b"}, {"prompt": "c", "completion": " d"}]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert list(load_any_dataset(str(tmp_path / "rows.jsonl"))) == rows
+    DatasetDict({"train": Dataset.from_list(rows), "test": Dataset.from_list(rows[:1])}).save_to_disk(
+        str(tmp_path / "dd"))
+    assert len(load_any_dataset(str(tmp_path / "dd"), "test")) == 1
+    with pytest.raises(ValueError, match="no split 'dev'"):
+        load_any_dataset(str(tmp_path / "dd"), "dev")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="not a dataset saved"):
+        load_any_dataset(str(tmp_path / "plain"))
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(ValueError, match="unsupported dataset file type"):
+        load_any_dataset(str(tmp_path / "x.txt"))

@@ -79,27 +79,10 @@ def _lm_eval(ns: argparse.Namespace) -> int:
     return run_lm_eval(ns.args)
 
 
-def _load_any_dataset(spec: str, split: str):
-    """A dataset from a Hub name, a `save_to_disk` directory, or a .json/.jsonl/.csv/.parquet file."""
-    from pathlib import Path
-
-    import datasets
-
-    path = Path(spec)
-    if path.is_dir() and (path / "dataset_info.json").exists() or (path / "state.json").exists():
-        data = datasets.load_from_disk(str(path))
-        return data[split] if isinstance(data, datasets.DatasetDict) else data
-    if path.is_file():
-        kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(path.suffix)
-        if kind is None:
-            raise ValueError(f"{path}: unsupported dataset file type (use .json, .jsonl, .csv or .parquet)")
-        return datasets.load_dataset(kind, data_files=str(path), split="train")
-    return datasets.load_dataset(spec, split=split)
-
-
 def _cache_logits(ns: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .data import load_any_dataset
     from .logit_cache import cache_logits_for_training
 
     old = AutoModelForCausalLM.from_pretrained(ns.old_model)
@@ -108,7 +91,7 @@ def _cache_logits(ns: argparse.Namespace) -> int:
 
         old = PeftModel.from_pretrained(old, ns.old_adapter).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(ns.tokenizer or ns.old_model)
-    out = cache_logits_for_training(old, tokenizer, _load_any_dataset(ns.dataset, ns.split), ns.out, k=ns.k,
+    out = cache_logits_for_training(old, tokenizer, load_any_dataset(ns.dataset, ns.split), ns.out, k=ns.k,
                                     max_length=ns.max_length, batch_size=ns.batch_size, model_name=ns.old_model)
     print(out)
     return 0

@@ -83,9 +83,9 @@ def tiny_preset(output_dir: str = "update-out") -> UpdateConfig:
 def _rows(spec, split: str) -> list[dict]:
     if isinstance(spec, list):
         return spec
-    from .cli import _load_any_dataset
+    from .data import load_any_dataset
 
-    return list(_load_any_dataset(spec, split))
+    return list(load_any_dataset(spec, split))
 
 
 @torch.no_grad()
