@@ -157,6 +157,17 @@ def markdown_report(report: dict) -> str:
         lines += [f"| {e['epoch']:g} | {e['frac_p_gt_0.2']:.3f} | {e['quantiles']['p50']:.3f} |"
                   for e in ta["epochs"] if "frac_p_gt_0.2" in e]
         lines += ["", "Heatmaps: `token_analysis/heatmap_*.png`.", ""]
+    if report.get("update"):
+        u = report["update"]
+        lines += [
+            "## Model update with a compatibility adapter (MUSCLE, paper 002)", "",
+            "Task adapters on the embedded `tiny` (v1) and `tiny-v2` (v2: larger, trained longer) bases, then "
+            "the compatibility adapter on v2 (`adaptguard update --preset tiny`; full report in `update/`).", "",
+            "| v1 acc | v2 acc | v2+compat acc | NFR | NFR_c | ΔNFR_c | PFR | PFR_c |", "|---|---|---|---|---|---|---|---|",
+            f"| {u['old_acc']:.3f} | {u['new_acc']:.3f} | {u['compat_acc']:.3f} | {u['nfr']:.3f} | "
+            f"{u['nfr_compat']:.3f} | {u['delta_nfr']:+.3f} | {u['pfr']:.3f} | {u['pfr_compat']:.3f} |", "",
+            f"Share of training tokens aligned to v1 (first/last log): {u['frac_aligned_old_first_last']}. "
+            "On this testbed the paper's NFR reduction does not (yet) show: see docs/muscle.md.", ""]
     lines += [f"Total time: {report['seconds']:.0f} s. Reproduce: `{report['settings']['command']}`.", ""]
     return "\n".join(lines)
 
@@ -223,13 +234,20 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
                        "train_seconds": _mean(r["train_seconds"] for r in per_seed), "seeds": per_seed}
                 print(f"  {name:8s} lr={lr:<7g} domain={run['domain']:.3f} general={run['general']:.3f}", flush=True)
                 runs.append(run)
+    update = None
+    if not quick:  # paper 002's update experiment on tiny -> tiny-v2 (MUSCLE), written to OUT/update/
+        from .update import run_update, tiny_preset
+
+        print("  model update tiny -> tiny-v2 (MUSCLE) ...", flush=True)
+        update = run_update(tiny_preset(str(out / "update")))
+        print(f"  NFR v1->v2 {update['nfr']:.3f}, v1->v2+compat {update['nfr_compat']:.3f}", flush=True)
     command = "adaptguard demo" + (" --quick" if quick else "") + f" --out {out_dir}"
     report = {
         "settings": {"model": "embedded:tiny", "methods": methods, "learning_rates": lrs, "epochs": epochs,
                      "seeds": seeds,
                      "train_rows": len(train_rows), "test_rows": len(test_rows), "general_probes": len(probes),
                      "skills": sorted({p["skill"] for p in probes}), "quick": quick, "command": command},
-        "base": base, "runs": runs, "token_analysis": token_analysis,
+        "base": base, "runs": runs, "token_analysis": token_analysis, "update": update,
         "seconds": time.perf_counter() - start,
     }
     tradeoff_plot(base, runs, out / "tradeoff.png")
