@@ -14,9 +14,13 @@ PLUGIN = ROOT / "plugins" / "adaptguard-embedding-similarity"
 
 
 @pytest.fixture(scope="module")
-def installed():
+def installed(tmp_path_factory):
+    import shutil
+
+    source = tmp_path_factory.mktemp("plugin") / PLUGIN.name  # build outside the repository tree
+    shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    proc = subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(PLUGIN)],
+    proc = subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(source)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     yield

@@ -31,28 +31,32 @@ def _collect(results: list[dict], kind: str) -> dict[str, Callable]:
     return merged
 
 
+def _named(hook: str, kind: str) -> dict[str, Callable]:
+    return _collect(getattr(get_plugin_manager().hook, hook)(), kind)
+
+
+def _lookup(known: dict[str, Callable], name: str, kind: str, plural: str) -> Callable:
+    if name not in known:
+        raise ValueError(f"Unknown {kind} {name!r}; known {plural}: {', '.join(sorted(known))}")
+    return known[name]
+
+
 def token_weightings() -> dict[str, Callable]:
     """All registered token-weighting schemes, by name."""
-    return _collect(get_plugin_manager().hook.adaptguard_token_weightings(), "token weighting")
+    return _named("adaptguard_token_weightings", "token weighting")
 
 
 def get_token_weighting(name: str) -> Callable:
-    known = token_weightings()
-    if name not in known:
-        raise ValueError(f"Unknown weighting {name!r}; known weightings: {', '.join(sorted(known))}")
-    return known[name]
+    return _lookup(token_weightings(), name, "weighting", "weightings")
 
 
 def similarities() -> dict[str, Callable]:
     """All registered similarity functions for generative flips, by name."""
-    return _collect(get_plugin_manager().hook.adaptguard_similarities(), "similarity")
+    return _named("adaptguard_similarities", "similarity")
 
 
 def get_similarity(name: str) -> Callable:
-    known = similarities()
-    if name not in known:
-        raise ValueError(f"Unknown similarity {name!r}; known similarities: {', '.join(sorted(known))}")
-    return known[name]
+    return _lookup(similarities(), name, "similarity", "similarities")
 
 
 def lm_eval_task_dirs() -> list:
@@ -72,11 +76,8 @@ def lm_eval_task_dirs() -> list:
 
 def muscle_masks() -> dict[str, Callable]:
     """All registered MUSCLE masking strategies, by name."""
-    return _collect(get_plugin_manager().hook.adaptguard_muscle_masks(), "MUSCLE mask")
+    return _named("adaptguard_muscle_masks", "MUSCLE mask")
 
 
 def get_muscle_mask(name: str) -> Callable:
-    known = muscle_masks()
-    if name not in known:
-        raise ValueError(f"Unknown MUSCLE mask {name!r}; known masks: {', '.join(sorted(known))}")
-    return known[name]
+    return _lookup(muscle_masks(), name, "MUSCLE mask", "masks")
