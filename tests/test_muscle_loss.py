@@ -89,3 +89,38 @@ def test_bad_input():
         muscle_token_loss_chunked(z, z, z, labels, temperature=0.0)
     with pytest.raises(ValueError, match="vocabulary sizes differ"):
         muscle_token_loss_chunked(z, torch.randn(1, 2, 6), z, labels)
+
+
+def _topk_teacher(logits, k):
+    from adaptguard.losses import TopKLogProbs
+
+    logp = torch.log_softmax(logits, -1)
+    top, idx = logp.topk(k, -1)
+    vocab = logits.shape[-1]
+    rest = torch.log1p(-top.exp().sum(-1).clamp(max=1.0)) if k < vocab else torch.full(top.shape[:-1], float("-inf"))
+    dense = torch.full_like(logp, 0.0) + ((rest - math.log(vocab - k))[..., None] if k < vocab else float("-inf"))
+    dense = dense.scatter(-1, idx, top)
+    return TopKLogProbs(top, idx, rest), dense
+
+
+@pytest.mark.parametrize("k", [3, 13])
+@pytest.mark.parametrize("mask", ["student_wrong", "old_likelier_token", "old_correct", "old_only"])
+def test_sparse_topk_teacher_equals_its_dense_form(k, mask):
+    torch.manual_seed(4)
+    old_logits, new = torch.randn(2, 6, 13), torch.randn(2, 6, 13)
+    labels = torch.randint(0, 13, (2, 6))
+    labels[0, :2] = -100
+    sparse, dense = _topk_teacher(old_logits, k)
+    s1 = torch.randn(2, 6, 13, requires_grad=True)
+    s2 = s1.detach().clone().requires_grad_(True)
+    l1, m1 = muscle_token_loss_chunked(s1, sparse, new, labels, mask=mask, chunk_size=4)
+    l2, m2 = muscle_token_loss_chunked(s2, dense, new, labels, mask=mask, chunk_size=4)
+    torch.testing.assert_close(m1, m2)
+    torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
+    w = torch.rand(2, 6)
+    (l1 * w).sum().backward()
+    (l2 * w).sum().backward()
+    torch.testing.assert_close(s1.grad, s2.grad, rtol=1e-5, atol=1e-6)
+    if k == 13:  # the full vocabulary is the exact teacher
+        l3, _ = muscle_token_loss(s2.detach(), old_logits, new, labels, mask=mask)
+        torch.testing.assert_close(l1.detach(), l3, rtol=1e-5, atol=1e-6)

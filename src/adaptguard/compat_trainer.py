@@ -119,8 +119,9 @@ class CompatTrainer(SFTTrainer):
             self.old_model = self.accelerator.prepare_model(old_model, evaluation_mode=True)
 
     @torch.no_grad()
-    def teacher_logits(self, model, model_inputs, labels) -> tuple[torch.Tensor, torch.Tensor]:
-        """(old, new) teacher logits, (B, L, V). The new teacher is the frozen v2 adapter on the student's base."""
+    def teacher_logits(self, model, model_inputs, labels):
+        """(old, new) teachers: new = (B, L, V) logits of the frozen v2 adapter on the student's base; old = the
+        old model's logits, or its cached top-k (`TopKLogProbs`)."""
         peft_model = self.accelerator.unwrap_model(model)
         peft_model.set_adapter(NEW_TEACHER, inference_mode=True)
         try:
@@ -129,13 +130,14 @@ class CompatTrainer(SFTTrainer):
             peft_model.set_adapter("default")  # the student again, trainable
         if self.old_cache is None:
             return self.old_model(**model_inputs).logits, new_logits
-        return self.cached_old_logits(model_inputs, labels, new_logits.dtype), new_logits
+        return self.cached_old_topk(model_inputs, labels), new_logits
 
-    def cached_old_logits(self, model_inputs, labels, dtype) -> torch.Tensor:
-        """The old model's (B, L, V) log-probabilities rebuilt from the top-k cache, rows found by fingerprint."""
+    def cached_old_topk(self, model_inputs, labels):
+        """The old model's top-k log-probabilities of the batch from the cache (rows found by fingerprint), as
+        `TopKLogProbs`: the KL is computed from this sparse form, never as a dense (B, L, V) tensor."""
         mask = model_inputs["attention_mask"].bool()
         prints = [row_fingerprint(ids[m], lab[m]) for ids, lab, m in zip(model_inputs["input_ids"], labels, mask)]
-        return self.old_cache.dense_logits(self.old_cache.rows_for(prints), labels, dtype=dtype)
+        return self.old_cache.topk_batch(self.old_cache.rows_for(prints), labels)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"

@@ -2,8 +2,9 @@
 
 For every scored position of every training row (in the shifted-label convention of causal LMs) the
 cache keeps the top-k log-probabilities and their token ids, and the log of the remaining mass.
-The old distribution is rebuilt as the top-k probabilities plus the remaining mass spread evenly
-over the other V − k tokens; with k = V it is exact.
+The old distribution is the top-k probabilities plus the remaining mass spread evenly over the other
+V − k tokens (`adaptguard.losses.TopKLogProbs`; the KL is computed from this sparse form); with
+k = V it is exact.
 
 Layout of a cache directory: `cache.json` (k, vocabulary size and fingerprint of the tokenizer,
 per-row fingerprints of the tokenized training rows, shard table) and `shard-XXXXX.safetensors`
@@ -112,24 +113,25 @@ class LogitCache:
         a, b = int(offsets[local]), int(offsets[local + 1])
         return handle.get_slice("logp")[a:b], handle.get_slice("idx")[a:b], handle.get_slice("rest")[a:b]
 
-    def dense_logits(self, rows: list[int], labels: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-        """(B, L, V) old log-probabilities for a batch (usable as logits): top-k exact, the rest of the mass
-        spread evenly; 0 at unscored positions."""
-        shifted = shifted_labels(labels)
-        valid = shifted != -100
-        out = torch.zeros(*labels.shape, self.vocab_size, dtype=dtype, device=labels.device)
-        tail = self.vocab_size - self.k
+    def topk_batch(self, rows: list[int], labels: torch.Tensor):
+        """`TopKLogProbs` (B, L, k) of a batch for `muscle_token_loss_chunked`; zeros at unscored positions."""
+        from .losses import TopKLogProbs
+
+        valid = shifted_labels(labels) != -100
+        shape = (*labels.shape, self.k)
+        logp = torch.zeros(shape, dtype=torch.float32, device=labels.device)
+        idx = torch.zeros(shape, dtype=torch.int64, device=labels.device)
+        rest = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
         for b, row in enumerate(rows):
-            logp, idx, rest = (t.to(labels.device) for t in self.row(row))
+            row_logp, row_idx, row_rest = self.row(row)
             positions = valid[b].nonzero().squeeze(1)
-            if len(positions) != len(logp):
-                raise ValueError(f"{self.path}: row {row} has {len(logp)} cached positions, the batch "
+            if len(positions) != len(row_logp):
+                raise ValueError(f"{self.path}: row {row} has {len(row_logp)} cached positions, the batch "
                                  f"{len(positions)}; was the cache built with another max_length?")
-            fill = (rest - math.log(tail)) if tail > 0 else torch.full_like(rest, float("-inf"))
-            block = fill[:, None].expand(-1, self.vocab_size).clone()
-            block.scatter_(1, idx.long(), logp)
-            out[b, positions] = block.to(dtype)
-        return out
+            logp[b, positions] = row_logp.to(labels.device)
+            idx[b, positions] = row_idx.to(labels.device, torch.int64)
+            rest[b, positions] = row_rest.to(labels.device)
+        return TopKLogProbs(logp, idx, rest)
 
 
 @torch.no_grad()

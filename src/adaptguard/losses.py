@@ -6,8 +6,10 @@ log-likelihood of the label token and `mask` marks supervised (completion) token
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -230,6 +232,15 @@ def muscle_mask_inputs(student_logits, old_logits, new_logits, labels, chunk_siz
         idx = rows[start:start + step]
         y = flat_labels[idx]
         for name, logits in (("student", student_logits), ("old", old_logits), ("new", new_logits)):
+            if isinstance(logits, TopKLogProbs):  # top-k teacher: argmax = first entry, tail log-prob elsewhere
+                k = logits.logp.shape[-1]
+                lp, ix = logits.logp.reshape(-1, k)[idx].float(), logits.idx.reshape(-1, k)[idx].long()
+                vocab = student_logits.shape[-1]
+                tail = logits.rest.reshape(-1)[idx].float() - (math.log(vocab - k) if vocab > k else 0.0)
+                hit = ix == y[:, None]
+                out[f"{name}_top1"][idx] = ix[:, 0]
+                out[f"{name}_label_logp"][idx] = torch.where(hit.any(1), (lp * hit).sum(1), tail)
+                continue
             z = logits.reshape(-1, logits.shape[-1])[idx].float()
             out[f"{name}_top1"][idx] = z.argmax(-1)
             out[f"{name}_label_logp"][idx] = torch.log_softmax(z, -1).gather(-1, y[:, None])[:, 0]
@@ -271,59 +282,117 @@ def muscle_token_loss(student_logits: torch.Tensor, old_logits: torch.Tensor, ne
     return torch.where(labels != -100, loss, torch.zeros_like(loss)), m
 
 
+class TopKLogProbs(NamedTuple):
+    """A teacher given by its top-k log-probabilities (temperature 1) per position instead of logits:
+    `logp`, `idx` (B, T, k), sorted by decreasing probability, and `rest` (B, T) = log of the remaining mass,
+    spread evenly over the other V − k tokens. With k = V it is the exact distribution."""
+
+    logp: torch.Tensor
+    idx: torch.Tensor
+    rest: torch.Tensor
+
+
+def _sparse_log_probs(logp, rest, temperature: float, vocab: int):
+    """(log p_j (n, k), log p_tail (n,)) of a top-k teacher at temperature T; p_tail per tail token."""
+    tail = vocab - logp.shape[-1]
+    a = logp.float() / temperature
+    if tail > 0:
+        a_tail = (rest.float() - math.log(tail)) / temperature
+        log_z = torch.logsumexp(torch.cat([a, (a_tail + math.log(tail))[:, None]], 1), 1)
+    else:
+        a_tail = torch.full_like(rest, float("-inf"), dtype=torch.float32)
+        log_z = torch.logsumexp(a, 1)
+    return a - log_z[:, None], a_tail - log_z
+
+
+def _sparse_kl(log_q, logp, idx, rest, temperature: float):
+    """KL(p_teacher,T ‖ q) per row for a top-k teacher, from the student's log q (n, V), without densifying."""
+    vocab = log_q.shape[-1]
+    log_pj, log_pt = _sparse_log_probs(logp, rest, temperature, vocab)
+    pj, pt = log_pj.exp(), log_pt.exp()
+    lq_top = log_q.gather(1, idx.long())
+    tail = vocab - logp.shape[-1]
+    has_tail = torch.isfinite(log_pt) & (tail > 0)
+    p_log_p = (pj * log_pj).sum(1) + torch.where(has_tail, tail * pt * log_pt, torch.zeros_like(pt))
+    p_log_q = (pj * lq_top).sum(1) + torch.where(has_tail, pt * (log_q.sum(1) - lq_top.sum(1)), torch.zeros_like(pt))
+    return p_log_p - p_log_q
+
+
 class _ChunkedMuscleKL(torch.autograd.Function):
-    """Σ-free per-token MUSCLE KL over the scored rows `idx` of flattened (N, V) logits, `chunk` rows at a
-    time in float32; backward recomputes per chunk (grad wrt z_s is (σ(z_s/T) − p_mix) / T with
-    p_mix = m p_old + (1 − m) p_new), so no full-size float32 tensor is ever kept."""
+    """Per-token MUSCLE KL over the scored rows `idx` of flattened (N, V) logits, `chunk` rows at a time in
+    float32; backward recomputes per chunk (grad wrt z_s is (σ(z_s/T) − p_mix) / T with
+    p_mix = m p_old + (1 − m) p_new), so no full-size float32 tensor is ever kept. The old teacher is
+    dense logits (N, V) or, from a cache, top-k rows (`old` None, `old_topk` = flattened TopKLogProbs)."""
 
     @staticmethod
-    def forward(ctx, student, old, new, m, idx, temperature, chunk):
+    def forward(ctx, student, old, new, m, idx, temperature, chunk, old_topk=None):
         out = torch.empty(len(idx), dtype=torch.float32, device=student.device)
         for start in range(0, len(idx), chunk):
             rows = idx[start:start + chunk]
             log_q = torch.log_softmax(student[rows].float() / temperature, -1)
             mc = m[rows]
-            total = torch.zeros(len(rows), dtype=torch.float32, device=student.device)
-            for teacher, weight in ((old, mc), (new, 1 - mc)):
-                log_p = torch.log_softmax(teacher[rows].float() / temperature, -1)
-                total += weight * (log_p.exp() * (log_p - log_q)).sum(-1)
+            log_p_new = torch.log_softmax(new[rows].float() / temperature, -1)
+            total = (1 - mc) * (log_p_new.exp() * (log_p_new - log_q)).sum(-1)
+            if old_topk is None:
+                log_p_old = torch.log_softmax(old[rows].float() / temperature, -1)
+                total += mc * (log_p_old.exp() * (log_p_old - log_q)).sum(-1)
+            else:
+                total += mc * _sparse_kl(log_q, old_topk.logp[rows], old_topk.idx[rows], old_topk.rest[rows],
+                                         temperature)
             out[start:start + len(rows)] = total
-        ctx.save_for_backward(student, old, new, m, idx)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.save_for_backward(student, new, m, idx, *([old] if old_topk is None else old_topk))
+        ctx.sparse, ctx.temperature, ctx.chunk = old_topk is not None, temperature, chunk
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        student, old, new, m, idx = ctx.saved_tensors
+        student, new, m, idx, *old = ctx.saved_tensors
         temperature, chunk = ctx.temperature, ctx.chunk
         grad = torch.zeros_like(student)
         for start in range(0, len(idx), chunk):
             rows = idx[start:start + chunk]
             q = torch.softmax(student[rows].float() / temperature, -1)
             mc = m[rows][:, None]
-            p_mix = mc * torch.softmax(old[rows].float() / temperature, -1) \
-                + (1 - mc) * torch.softmax(new[rows].float() / temperature, -1)
+            p_mix = (1 - mc) * torch.softmax(new[rows].float() / temperature, -1)
+            if not ctx.sparse:
+                p_mix += mc * torch.softmax(old[0][rows].float() / temperature, -1)
+            else:
+                logp, top_idx, rest = (t[rows] for t in old)
+                log_pj, log_pt = _sparse_log_probs(logp, rest, temperature, q.shape[-1])
+                pt = torch.nan_to_num(log_pt.exp())[:, None]
+                p_mix += mc * pt
+                p_mix.scatter_add_(1, top_idx.long(), mc * (log_pj.exp() - pt))
             grad[rows] = ((q - p_mix) / temperature * grad_out[start:start + len(rows), None]).to(grad.dtype)
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 def muscle_token_loss_chunked(student_logits: torch.Tensor, old_logits: torch.Tensor, new_logits: torch.Tensor,
                               labels: torch.Tensor, mask: str = "student_wrong", temperature: float = 2.0,
                               chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """`muscle_token_loss` computed over the scored tokens in chunks of `chunk_size` (for training): the
-    same value and gradient, with at most one chunk of float32 full-vocabulary tensors alive."""
+    same value and gradient, with at most one chunk of float32 full-vocabulary tensors alive. `old_logits` may
+    be a `TopKLogProbs` (a top-k cache of the old model): the KL is then computed from the sparse form."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
     vocab = student_logits.shape[-1]
-    if old_logits.shape[-1] != vocab or new_logits.shape[-1] != vocab:
-        raise ValueError(f"vocabulary sizes differ: student {vocab}, old {old_logits.shape[-1]}, "
-                         f"new {new_logits.shape[-1]}")
+    sparse = isinstance(old_logits, TopKLogProbs)
+    old_vocab = vocab if sparse else old_logits.shape[-1]
+    if old_vocab != vocab or new_logits.shape[-1] != vocab:
+        raise ValueError(f"vocabulary sizes differ: student {vocab}, old {old_vocab}, new {new_logits.shape[-1]}")
     m = muscle_mask(mask, muscle_mask_inputs(student_logits, old_logits, new_logits, labels, chunk_size))
     _, rows = _valid_rows(labels)
-    per_token = _ChunkedMuscleKL.apply(student_logits.reshape(-1, vocab), old_logits.detach().reshape(-1, vocab),
-                                       new_logits.detach().reshape(-1, vocab), m.reshape(-1), rows,
-                                       float(temperature), int(chunk_size))
+    if sparse:
+        k = old_logits.logp.shape[-1]
+        flat_topk = TopKLogProbs(old_logits.logp.reshape(-1, k), old_logits.idx.reshape(-1, k),
+                                 old_logits.rest.reshape(-1))
+        per_token = _ChunkedMuscleKL.apply(student_logits.reshape(-1, vocab), None,
+                                           new_logits.detach().reshape(-1, vocab), m.reshape(-1), rows,
+                                           float(temperature), int(chunk_size), flat_topk)
+    else:
+        per_token = _ChunkedMuscleKL.apply(student_logits.reshape(-1, vocab), old_logits.detach().reshape(-1, vocab),
+                                           new_logits.detach().reshape(-1, vocab), m.reshape(-1), rows,
+                                           float(temperature), int(chunk_size))
     loss = torch.zeros(labels.numel(), dtype=torch.float32, device=labels.device).index_put((rows,), per_token)
     return loss.view(labels.shape), m
