@@ -262,7 +262,6 @@ def test_flow_weights_computed_once_saved_and_restored(embedded_path, tmp_path):
 
 
 def test_wise_ft_checkpoint_interpolates(embedded_path, tmp_path):
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(embedded_path)

@@ -84,6 +84,13 @@ def _references(sample: Sample) -> list[str]:
     return [str(r) for r in refs]
 
 
+def _flips(old: list[Sample], new: list[Sample], metric: str, n_boot: int, seed: int) -> dict:
+    preds = [prediction(s) for s in old], [prediction(s) for s in new]
+    have = all(p is not None for p in preds[0] + preds[1])
+    return flip_metrics([s.metrics[metric] for s in old], [s.metrics[metric] for s in new],
+                        *(preds if have else (None, None)), n_boot=n_boot, seed=seed)
+
+
 def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, metric: str | None = None,
                  compatible: TaskRun | None = None, n_boot: int = 2000, seed: int = 0) -> dict[str, dict]:
     """Metrics for every filter of a task: {filter: {...}}."""
@@ -102,16 +109,10 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
             choose_metric(new, filt, name)
             entry["metric"] = name
 
-            def flips(a, b):
-                preds = [prediction(s) for s in a], [prediction(s) for s in b]
-                have = all(p is not None for p in preds[0] + preds[1])
-                return flip_metrics([s.metrics[name] for s in a], [s.metrics[name] for s in b],
-                                    *(preds if have else (None, None)), n_boot=n_boot, seed=seed)
-
-            entry.update(flips(o, n))
+            entry.update(_flips(o, n, name, n_boot, seed))
             if c is not None:
                 choose_metric(compatible, filt, name)
-                compat = flips(o, c)
+                compat = _flips(o, c, name, n_boot, seed)
                 entry["compatible"] = compat
                 entry.update(delta_metrics(entry, compat))
         if similarity is not None and prediction(o[0]) is not None and isinstance(prediction(o[0]), str):

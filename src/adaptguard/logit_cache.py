@@ -17,7 +17,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import math
 import shutil
 import tempfile
 from pathlib import Path
