@@ -84,3 +84,19 @@ def test_load_any_dataset(tmp_path):
     (tmp_path / "x.txt").write_text("hi")
     with pytest.raises(ValueError, match="unsupported dataset file type"):
         load_any_dataset(str(tmp_path / "x.txt"))
+
+
+def test_update_with_lm_eval_tasks(tmp_path, lm_runs):
+    from adaptguard.update import run_update, tiny_preset
+
+    cfg = tiny_preset(str(tmp_path / "out"))
+    cfg.task_epochs, cfg.compat_epochs = 1, 1
+    cfg.lm_eval_tasks, cfg.lm_eval_include_path = ["t_piqa", "t_gsm"], [str(lm_runs / "tasks")]
+    cfg.lm_eval_gen_kwargs = {"max_gen_toks": 12}
+    report = run_update(cfg)
+    piqa = report["lm_eval"]["t_piqa"]
+    assert piqa["n"] == 18 and "compatible" in piqa
+    assert piqa["new_acc"] - piqa["old_acc"] == pytest.approx(piqa["pfr"] - piqa["nfr"])
+    assert piqa["delta_nfr"] == pytest.approx(piqa["compatible"]["nfr"] - piqa["nfr"])
+    assert "t_gsm,strict-match" in report["lm_eval"]
+    assert "## lm-eval tasks" in (tmp_path / "out" / "report.md").read_text()

@@ -16,6 +16,37 @@ logger = logging.getLogger(__name__)
 FLIP_KEYS = ("nfr", "pfr", "nfr_mc", "btc", "smooth_nfr", "smooth_pfr")
 
 
+def evaluate_with_lm_eval(model, tokenizer, tasks: list[str], *, limit=None, num_fewshot=None, batch_size: int = 8,
+                          gen_kwargs=None, metadata: dict | None = None, include_path=(), log_samples: bool = True
+                          ) -> dict:
+    """`lm_eval.simple_evaluate` on an in-memory model (`HFLM`), with every adaptguard/plugin task directory
+    (plus `include_path`) visible; returns lm-eval's output dict (`results`, and `samples` when logged)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from .plugins import lm_eval_task_dirs
+
+    was_training = model.training
+    model.eval()
+    try:
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+        dirs = [str(d) for d in [*include_path, *lm_eval_task_dirs()]]
+        manager = TaskManager(include_path=dirs, metadata=dict(metadata or {}))
+        return simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
+                               num_fewshot=num_fewshot, gen_kwargs=gen_kwargs, log_samples=log_samples,
+                               bootstrap_iters=0)
+    finally:
+        model.train(was_training)
+
+
+def task_runs_from_output(out: dict) -> dict[str, TaskRun]:
+    """{task: TaskRun} from the in-memory samples of `simple_evaluate(log_samples=True)`."""
+    return {task: TaskRun(task=task, path=Path(f"<in-memory {task}>"),
+                          samples=samples_from_records((f"{task} doc {r['doc_id']}", r) for r in records))
+            for task, records in out.get("samples", {}).items()}
+
+
 class LMEvalCallback(TrainerCallback):
     """Evaluate `tasks` with lm-eval (in process, `HFLM` around the model being trained) at every
     evaluation (`when="evaluate"`) or epoch end (`when="epoch"`), and log `lm_eval/<task>/<metric>`.
@@ -51,24 +82,11 @@ class LMEvalCallback(TrainerCallback):
 
     def evaluate(self, model, tokenizer) -> dict[str, float]:
         """Run the tasks now; returns the flat `lm_eval/<task>/<metric>` dict that gets logged."""
-        from lm_eval import simple_evaluate
-        from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
-
         from .compare import compare_task
-        from .plugins import lm_eval_task_dirs
 
-        was_training = model.training
-        model.eval()
-        try:
-            lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.batch_size)
-            dirs = [str(d) for d in [*self.include_path, *lm_eval_task_dirs()]]
-            manager = TaskManager(include_path=dirs, metadata=self.metadata)
-            out = simple_evaluate(model=lm, tasks=self.tasks, task_manager=manager, limit=self.limit,
-                                  num_fewshot=self.num_fewshot, gen_kwargs=self.gen_kwargs,
-                                  log_samples=self.reference is not None, bootstrap_iters=0)
-        finally:
-            model.train(was_training)
+        out = evaluate_with_lm_eval(model, tokenizer, self.tasks, limit=self.limit, num_fewshot=self.num_fewshot,
+                                    batch_size=self.batch_size, gen_kwargs=self.gen_kwargs, metadata=self.metadata,
+                                    include_path=self.include_path, log_samples=self.reference is not None)
         logs: dict[str, float] = {}
         for task, metrics in out["results"].items():
             for key, value in metrics.items():
@@ -79,11 +97,9 @@ class LMEvalCallback(TrainerCallback):
                 if math.isfinite(float(value)):
                     logs[f"lm_eval/{task}/{name}"] = float(value)  # np.float64 → float for JSON logs
         if self._reference_runs is not None:
-            for task, records in out.get("samples", {}).items():
+            for task, current in task_runs_from_output(out).items():
                 if task not in self._reference_runs or any(f"lm_eval/{task}/nfr" in k for k in logs):
                     continue
-                current = TaskRun(task=task, path=Path(f"<in-memory {task}>"),
-                                  samples=samples_from_records((f"{task} doc {r['doc_id']}", r) for r in records))
                 for filt, entry in compare_task(self._reference_runs[task], current,
                                                 similarity=self.similarity, n_boot=200).items():
                     suffix = "" if filt == "none" else f",{filt}"

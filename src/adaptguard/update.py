@@ -49,6 +49,14 @@ class UpdateConfig:
     seed: int = 0
     use_cpu: bool = False
     extra_args: dict = field(default_factory=dict)  # more TrainingArguments for all three trainings
+    # also evaluate the three task models with lm-eval tasks (e.g. ["compat_piqa", "compat_gsm8k"]) and
+    # report their flips; lm-eval options below
+    lm_eval_tasks: list = field(default_factory=list)
+    lm_eval_limit: int | None = None
+    lm_eval_num_fewshot: int | None = None
+    lm_eval_include_path: list = field(default_factory=list)
+    lm_eval_metadata: dict = field(default_factory=dict)
+    lm_eval_gen_kwargs: dict | None = None
 
     @classmethod
     def from_file(cls, path: str | Path) -> UpdateConfig:
@@ -190,6 +198,8 @@ def run_update(cfg: UpdateConfig) -> dict:
     compat_ok, compat_pred = _evaluate(compat_model, tok_new, test_rows, cfg)
     aligned = [h["compat/frac_aligned_old"] for h in trainer.state.log_history if "compat/frac_aligned_old" in h]
 
+    lm_eval_report = _lm_eval_flips(cfg, {"v1": (v1, tok_old), "compat": (compat_model, tok_new)},
+                                    new_model=(cfg.new_base, v2_adapter, tok_new)) if cfg.lm_eval_tasks else None
     plain = flip_metrics(old_ok, new_ok, old_pred, new_pred, seed=cfg.seed)
     compat = flip_metrics(old_ok, compat_ok, old_pred, compat_pred, seed=cfg.seed)
     deltas = delta_metrics(plain, compat)
@@ -203,7 +213,7 @@ def run_update(cfg: UpdateConfig) -> dict:
         "mcnemar_p_v1_compat": compat["mcnemar_p"],
         "frac_aligned_old_first_last": [aligned[0], aligned[-1]] if aligned else None,
         "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("train", "test")},
-        "timings": timings, "seconds": time.perf_counter() - start,
+        "lm_eval": lm_eval_report, "timings": timings, "seconds": time.perf_counter() - start,
     }
     quadrants = {"old": "v1", "new": "v2", "compatible": "v2 + compat", "tasks": {
         "v1 → v2": {**plain, "_correct": (old_ok, new_ok)},
@@ -211,6 +221,33 @@ def run_update(cfg: UpdateConfig) -> dict:
     plot_quadrants(quadrants, out / "flips.png")
     atomic_write_text(out / "report.json", json.dumps(report, indent=2))
     atomic_write_text(out / "report.md", update_markdown(report))
+    return report
+
+
+def _lm_eval_flips(cfg: UpdateConfig, models: dict, new_model) -> dict:
+    """Per lm-eval task: scores of v1, v2 and v2 + compatibility adapter, and their flips against v1."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from .compare import compare_task
+    from .lm_eval_callback import evaluate_with_lm_eval, task_runs_from_output
+
+    def runs(model, tok):
+        out = evaluate_with_lm_eval(model, tok, cfg.lm_eval_tasks, limit=cfg.lm_eval_limit,
+                                    num_fewshot=cfg.lm_eval_num_fewshot, batch_size=cfg.batch_size,
+                                    gen_kwargs=cfg.lm_eval_gen_kwargs, metadata=cfg.lm_eval_metadata,
+                                    include_path=cfg.lm_eval_include_path)
+        return task_runs_from_output(out)
+
+    base, adapter, tok_new = new_model
+    v1_runs = runs(*models["v1"])
+    v2_runs = runs(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter), tok_new)
+    compat_runs = runs(*models["compat"])
+    report = {}
+    for task in sorted(v1_runs):
+        for filt, entry in compare_task(v1_runs[task], v2_runs[task], compatible=compat_runs[task]).items():
+            report[task if filt == "none" else f"{task},{filt}"] = \
+                {k: v for k, v in entry.items() if not k.startswith("_")}
     return report
 
 
@@ -232,4 +269,19 @@ def update_markdown(r: dict) -> str:
         f"{r['mcnemar_p_v1_compat']:.3g}. NFR 95% bootstrap CI: v2 [{pct(r['nfr_ci'][0])}, {pct(r['nfr_ci'][1])}], "
         f"compat [{pct(r['nfr_compat_ci'][0])}, {pct(r['nfr_compat_ci'][1])}].", "",
         "![flips](flips.png)", "",
+        *_lm_eval_lines(r.get("lm_eval")),
         f"Total {r['seconds']:.0f} s.", ""])
+
+
+def _lm_eval_lines(tasks: dict | None) -> list[str]:
+    if not tasks:
+        return []
+    lines = ["## lm-eval tasks", "", "| task | v1 | v2 | v2+compat | NFR | NFR_c | ΔNFR_c | PFR | PFR_c |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, e in tasks.items():
+        if "nfr" not in e:  # similarity-only tasks: smooth flips
+            continue
+        c = e["compatible"]
+        lines.append(f"| {name} | {e['old_acc']:.3f} | {e['new_acc']:.3f} | {c['new_acc']:.3f} | {e['nfr']:.3f} | "
+                     f"{c['nfr']:.3f} | {e['delta_nfr']:+.3f} | {e['pfr']:.3f} | {c['pfr']:.3f} |")
+    return [*lines, ""]
