@@ -100,3 +100,12 @@ def test_update_with_lm_eval_tasks(tmp_path, lm_runs):
     assert piqa["delta_nfr"] == pytest.approx(piqa["compatible"]["nfr"] - piqa["nfr"])
     assert "t_gsm,strict-match" in report["lm_eval"]
     assert "## lm-eval tasks" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_example_config_is_valid():
+    from conftest import ROOT
+
+    from adaptguard.update import UpdateConfig
+
+    cfg = UpdateConfig.from_file(ROOT / "examples" / "update_config.json")
+    assert cfg.lora_r == 128 and cfg.temperature == 2.0 and cfg.lm_eval_tasks == ["compat_piqa"]
