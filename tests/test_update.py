@@ -109,3 +109,11 @@ def test_example_config_is_valid():
 
     cfg = UpdateConfig.from_file(ROOT / "examples" / "update_config.json")
     assert cfg.lora_r == 128 and cfg.temperature == 2.0 and cfg.lm_eval_tasks == ["compat_piqa"]
+
+
+def test_extra_args_override_the_training_defaults():
+    from adaptguard.update import UpdateConfig, _training_kwargs
+
+    cfg = UpdateConfig(old_base="a", new_base="b", train=[], test=[], extra_args={"bf16": True, "logging_steps": 3})
+    kwargs = _training_kwargs(cfg, output_dir="o", learning_rate=0.1)
+    assert kwargs["bf16"] is True and kwargs["logging_steps"] == 3 and kwargs["learning_rate"] == 0.1

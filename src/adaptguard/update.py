@@ -118,6 +118,14 @@ def generate_answers(model, tokenizer, rows: list[dict], max_new_tokens: int = 3
     return out
 
 
+def _training_kwargs(cfg: UpdateConfig, **specific) -> dict:
+    """Training arguments shared by the three trainings; `extra_args` overrides the defaults."""
+    kwargs = dict(per_device_train_batch_size=cfg.batch_size, max_length=cfg.max_length, bf16=False,
+                  gradient_checkpointing=False, use_cpu=cfg.use_cpu, report_to="none", save_strategy="no",
+                  disable_tqdm=True, seed=cfg.seed, logging_steps=10)
+    return {**kwargs, **specific, **cfg.extra_args}
+
+
 def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tokenizer) -> Path:
     from datasets import Dataset
     from peft import LoraConfig
@@ -126,11 +134,8 @@ def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tok
     from .talr_config import TALRConfig
     from .talr_trainer import TALRTrainer
 
-    args = TALRConfig(output_dir=str(out / "run"), weighting="none", learning_rate=cfg.task_learning_rate,
-                      num_train_epochs=cfg.task_epochs, per_device_train_batch_size=cfg.batch_size,
-                      max_length=cfg.max_length, bf16=False, gradient_checkpointing=False, use_cpu=cfg.use_cpu,
-                      report_to="none", save_strategy="no", disable_tqdm=True, seed=cfg.seed, logging_steps=10,
-                      **cfg.extra_args)
+    args = TALRConfig(**_training_kwargs(cfg, output_dir=str(out / "run"), weighting="none",
+                                         learning_rate=cfg.task_learning_rate, num_train_epochs=cfg.task_epochs))
     trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args,
                           train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
                           peft_config=LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear",
@@ -182,12 +187,10 @@ def run_update(cfg: UpdateConfig) -> dict:
     del v2
 
     t = time.perf_counter()
-    args = CompatConfig(output_dir=str(out / "compat_run"), new_adapter=str(v2_adapter), temperature=cfg.temperature,
-                        mask=cfg.mask, ce_weight=cfg.ce_weight, learning_rate=cfg.compat_learning_rate,
-                        num_train_epochs=cfg.compat_epochs, per_device_train_batch_size=cfg.batch_size,
-                        max_length=cfg.max_length, bf16=False, gradient_checkpointing=False, use_cpu=cfg.use_cpu,
-                        report_to="none", save_strategy="no", disable_tqdm=True, seed=cfg.seed, logging_steps=10,
-                        **cfg.extra_args)
+    args = CompatConfig(**_training_kwargs(cfg, output_dir=str(out / "compat_run"), new_adapter=str(v2_adapter),
+                                           temperature=cfg.temperature, mask=cfg.mask, ce_weight=cfg.ce_weight,
+                                           learning_rate=cfg.compat_learning_rate,
+                                           num_train_epochs=cfg.compat_epochs))
     trainer = CompatTrainer(model=cfg.new_base, args=args, old_model=v1, old_processing_class=tok_old,
                             train_dataset=Dataset.from_list(train_rows), processing_class=tok_new)
     trainer.remove_callback(PrinterCallback)
