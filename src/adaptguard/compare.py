@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .callbacks import atomic_write_text
+from .files import atomic_write_text
 from .compat import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
 from .runs import RunError, Sample, TaskRun, read_run
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .callbacks import atomic_write_text
+from .files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

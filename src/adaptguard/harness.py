@@ -14,9 +14,7 @@ import json
 import re
 from pathlib import Path
 
-import orjson
-
-from .runs import RunError, find_sample_files
+from .runs import RunError, find_sample_files, read_task_run
 
 # task -> {doc_hash: reference sample record (filtered_resps + metrics)}
 _REFERENCES: dict[str, dict[str, dict]] = {}
@@ -76,17 +74,11 @@ def _load_reference(task: str, reference: str, aliases: tuple[str, ...]) -> dict
         raise RunError(f"{task}: compat_reference {reference} has no samples of {task!r} or {list(aliases)} "
                        f"(it has {sorted(files)}); run the old model on {task} with --log_samples first")
     records: dict[str, dict] = {}
-    with open(path, "rb") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = orjson.loads(line)
-                key = rec["doc_hash"]
-            except (orjson.JSONDecodeError, KeyError, TypeError) as err:
-                raise RunError(f"{path}:{line_no}: not an lm-eval sample record ({err})") from err
-            # several filters per doc: keep the first (compat tasks log one filter)
-            records.setdefault(key, rec)
+    for (_, doc_id), sample in sorted(read_task_run(name, path).samples.items()):
+        if sample.doc_hash is None:
+            raise RunError(f"{path}: doc_id {doc_id} has no doc_hash; was it written by lm-eval --log_samples?")
+        # several filters per doc: keep the first (compat tasks log one filter)
+        records.setdefault(sample.doc_hash, {"filtered_resps": sample.response})
     return records
 
 

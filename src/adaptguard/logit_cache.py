@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .callbacks import replace_dir
+from .files import replace_dir
 
 CACHE_VERSION = 1
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .callbacks import atomic_write_text
+from .files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
