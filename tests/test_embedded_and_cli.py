@@ -48,6 +48,37 @@ def test_embedded_path_is_cached(embedded_path):
     assert (embedded_path / "model.safetensors").stat().st_mtime_ns == before
 
 
+def test_embedded_build_is_the_recorded_one(embedded_path):
+    """The build runs with fixed kernels and one thread (`BUILD_ENV`), whatever this process's settings: under
+    `.ci/shake` (scalar, avx2, avx512 kernels; 1 and 2 threads) every build must give the recorded weights."""
+    from adaptguard.embedded import recorded_fingerprint, weights_fingerprint
+
+    expected = recorded_fingerprint("tiny")
+    if expected is None:
+        pytest.skip("no fingerprint recorded for this recipe and these torch/transformers/tokenizers versions")
+    assert weights_fingerprint(embedded_path) == expected
+
+
+def test_weights_fingerprint_sees_one_changed_bit(tmp_path, embedded_path):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from adaptguard.embedded import weights_fingerprint
+
+    copy = tmp_path / "copy"
+    shutil.copytree(embedded_path, copy)
+    assert weights_fingerprint(copy) == weights_fingerprint(embedded_path)
+    tensors = load_file(copy / "model.safetensors")
+    name = sorted(tensors)[0]
+    bits = tensors[name].view(torch.int32).clone()
+    bits.view(-1)[0] ^= 1  # the last bit of one float
+    tensors[name] = bits.view(torch.float32)
+    save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
+    assert weights_fingerprint(copy) != weights_fingerprint(embedded_path)
+
+
 def test_unknown_embedded_name():
     from adaptguard.embedded import embedded_model_path
 

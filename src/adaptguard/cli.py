@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -11,15 +12,19 @@ def _demo(ns: argparse.Namespace) -> int:
     from .demo import run_demo
 
     print(f"adaptguard demo{' (quick)' if ns.quick else ''}: writing {ns.out}/report.md", flush=True)
-    report = run_demo(ns.out, quick=ns.quick)
+    report = run_demo(ns.out, quick=ns.quick, seeds=ns.seeds)
     print(f"done in {report['seconds']:.0f} s: {ns.out}/report.md, {ns.out}/report.json, {ns.out}/tradeoff.png")
     return 0
 
 
 def _embedded(ns: argparse.Namespace) -> int:
-    from .embedded import embedded_model_path
+    from .embedded import embedded_model_path, recorded_fingerprint, weights_fingerprint
 
-    print(embedded_model_path(ns.name))
+    path = embedded_model_path(ns.name)
+    print(path)
+    if ns.fingerprint:  # e.g. to record a new build in embedded_fingerprints.json
+        recorded = recorded_fingerprint(ns.name)
+        print(f"fingerprint {weights_fingerprint(path)} (recorded: {recorded or 'none for these versions'})")
     return 0
 
 
@@ -99,13 +104,30 @@ def _cache_logits(ns: argparse.Namespace) -> int:
 
 
 def _update(ns: argparse.Namespace) -> int:
-    from .update import UpdateConfig, run_update, tiny_preset
+    from .update import UpdateConfig, run_update, run_update_seeds, tiny_preset
 
     if (ns.config is None) == (ns.preset is None):
         raise ValueError("give a CONFIG file or --preset tiny (one of them)")
+    if ns.seeds is not None:
+        from .sweeps import seed_list
+
+        seeds = seed_list(ns.seeds)  # before any model is built
     cfg = tiny_preset(ns.out or "update-out") if ns.preset else UpdateConfig.from_file(ns.config)
     if ns.out and not ns.preset:
         cfg.output_dir = ns.out
+    if ns.seeds is not None:
+        from .sweeps import format_spread
+
+        def make_config(seed: int) -> UpdateConfig:  # the preset also re-draws its train/test split
+            return tiny_preset(split_seed=seed, seed=seed) if ns.preset else dataclasses.replace(cfg, seed=seed)
+
+        result = run_update_seeds(make_config, seeds, cfg.output_dir)
+        s = result["summary"]
+        print(f"{ns.seeds} seeds, mean (min-max): old acc {format_spread(s['old_acc'])}  new acc "
+              f"{format_spread(s['new_acc'])}  compat acc {format_spread(s['compat_acc'])}  NFR "
+              f"{format_spread(s['nfr'])} -> NFR_c {format_spread(s['nfr_compat'])}; NFR_c < NFR on "
+              f"{result['nfr_compat_below_nfr']} of {ns.seeds} seeds  ({cfg.output_dir}/seeds.md)")
+        return 0
     report = run_update(cfg)
     print(f"old acc {report['old_acc']:.3f}  new acc {report['new_acc']:.3f}  compat acc {report['compat_acc']:.3f}  "
           f"NFR {report['nfr']:.3f} -> NFR_c {report['nfr_compat']:.3f}  ({cfg.output_dir}/report.md)")
@@ -145,9 +167,14 @@ def _drift_experiment(ns: argparse.Namespace) -> int:
     from .threads import torch_threads
 
     with torch_threads(ns.threads):
-        report = run_drift_experiment(ns.out, quick=ns.quick)
+        from .sweeps import seed_list
+
+        # repetition k uses seed k: --seeds N runs seeds 0..N-1 at every r
+        overrides = {} if ns.seeds is None else {"repetitions": len(seed_list(ns.seeds))}
+        report = run_drift_experiment(ns.out, quick=ns.quick, **overrides)
     for r, mean, lo, hi in zip(report["r"], report["loss_mean"], report["loss_min"], report["loss_max"]):
         print(f"r = {r:.3f}: next-bit loss on c0 {mean:.4f} (min {lo:.4f}, max {hi:.4f})")
+    print(f"highest mean loss at r = {report['peak_r']:.3f} over {len(report['losses'][0])} seeds")
     print(f"{ns.out}/drift.json, {ns.out}/drift.png")
     return 0
 
@@ -222,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="Run the end-to-end demo on the embedded default model (offline).")
     demo.add_argument("--out", default="demo-out", help="Output directory (default: demo-out).")
     demo.add_argument("--quick", action="store_true", help="SFT vs TALR at two learning rates only (CI smoke).")
+    demo.add_argument("--seeds", type=int, help="run every section over seeds 0..N-1 and report mean and min-max "
+                      "(default: the trade-off over 2 seeds, the other sections once)")
     demo.set_defaults(func=_demo)
     cmp = sub.add_parser("compare", help="Compatibility metrics (negative/positive flips, ...) between two lm-eval "
                          "runs saved with --log_samples.")
@@ -265,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     upd.add_argument("config", nargs="?", help="JSON config (fields of adaptguard.update.UpdateConfig)")
     upd.add_argument("--preset", choices=["tiny"], help="run on the embedded default (tiny -> tiny-v2)")
     upd.add_argument("--out", help="output directory (overrides the config's output_dir)")
+    upd.add_argument("--seeds", type=int, help="repeat over seeds 0..N-1 (the preset also re-draws its split) and "
+                     "report mean and min-max: toy results move with the CPU's float noise")
     upd.set_defaults(func=_update)
     drift = sub.add_parser("drift", help="Task-similarity drift (paper 000): the Theorem A2 bound, the synthetic "
                            "experiment, r-similarity corruption, prompt styles, drift risk.")
@@ -282,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--quick", action="store_true", help="a smaller sweep (under 2 minutes on 2 CPU cores)")
     exp.add_argument("--out", default="drift-out")
     exp.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the models are tiny)")
+    exp.add_argument("--seeds", type=int, help="repetitions (seeds 0..N-1) per r; default 5, 2 with --quick")
     exp.set_defaults(func=_drift_experiment, command="drift experiment")
     cor = dsub.add_parser("corrupt", help="Algorithm C1: make a dataset of similarity r to the original (token level).")
     cor.add_argument("dataset", help="Hub name, save_to_disk dir or .json/.jsonl/.csv/.parquet file")
@@ -331,6 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     emb = sub.add_parser("embedded", help="Build (once) and print the local path of an embedded default model, "
                          "usable wherever a Hub id is accepted.")
     emb.add_argument("name", nargs="?", default="tiny")
+    emb.add_argument("--fingerprint", action="store_true",
+                     help="also print the SHA-256 of the built weights and the one recorded for this recipe")
     emb.set_defaults(func=_embedded)
     return parser
 

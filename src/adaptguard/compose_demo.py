@@ -276,3 +276,48 @@ def _run(config: CompositionConfig, seed: int) -> dict:
     table, predictions = evaluate(model, tokenizer, ks, config.n_test, seed, config.max_new_tokens)
     return {"table": table, "base_table": base_table, "predictions": predictions, "ks": ks, "losses": losses,
             "train_seconds": train_seconds, "train_rows": len(rows)}
+
+
+def run_composition_seeds(out_dir: str | Path, *, quick: bool = False, seeds: list[int] | tuple[int, ...] = (0,),
+                          config: CompositionConfig | None = None) -> dict:
+    """`run_composition_demo` once per seed (meta-training data, order, initialisation and test prompts all
+    follow the seed), into `out_dir/seed-<seed>/`, and the spread of every cell.
+
+    Returns {"seeds", "table": {pair: {setting: {metric: spread}}}, "ks", "per_seed": [result without its
+    predictions], "machine", "markdown"} and writes it to `out_dir/composition.json`."""
+    from .sweeps import machine_info, spread
+
+    if not seeds:
+        raise ValueError("seeds: give at least one seed")
+    runs = []
+    for seed in seeds:
+        run = run_composition_demo(Path(out_dir) / f"seed-{seed}", quick=quick, seed=seed, config=config)
+        run.pop("predictions", None)  # kept in seed-<seed>/composition.json
+        runs.append(run)
+    first = runs[0]["table"]
+    table = {pair: {st: {m: spread([r["table"][pair][st][m] for r in runs]) for m in first[pair][st]}
+                    for st in first[pair]} for pair in first}
+    result = {"seeds": list(seeds), "table": table, "ks": runs[0]["ks"], "per_seed": runs,
+              "machine": machine_info()}
+    result["markdown"] = seeds_markdown_section(result)
+    atomic_write_text(Path(out_dir) / "composition.json", json.dumps(result, indent=2))
+    return result
+
+
+def seeds_markdown_section(result: dict) -> str:
+    """The demo report's section over seeds: each cell's mean (min–max) over the seeds."""
+    from .sweeps import format_spread, machine_line
+
+    first = result["per_seed"][0]
+    lines = first["markdown"].split("\n")
+    head = lines.index("| pair | K | " + " | ".join(SETTINGS) + " |")
+    rows = [f"| {pair} | {result['ks'][pair]} | " + " | ".join(
+        f"{format_spread(row[st]['word_exact_match'], '.2f')} / {format_spread(row[st]['exact_match'], '.2f')}"
+        for st in SETTINGS) + " |" for pair, row in result["table"].items()]
+    n = len(result["seeds"])
+    note = (f"Cells over {n} seeds {result['seeds']} (meta-training data, order, initialisation and test "
+            "prompts follow the seed): mean (min–max). A difference between two settings is a finding only "
+            "where their min–max ranges do not overlap.")
+    tail = [line for line in lines[head + 2 + len(rows):] if not line.startswith("Before meta-training")]
+    return "\n".join([*lines[:head], note, "", *lines[head:head + 2], *rows, *tail,
+                      machine_line(result["machine"]), ""])

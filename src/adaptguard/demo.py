@@ -101,6 +101,12 @@ def tradeoff_plot(base: dict, runs: list[dict], path: Path) -> None:
         pts = sorted((r for r in runs if r["method"] == method), key=lambda r: r["learning_rate"])
         xs, ys = [r["domain"] for r in pts], [r["general"] for r in pts]
         ax.plot(xs, ys, marker="o", color=f"C{i}", label=method, alpha=0.85)
+        if len(pts[0]["seeds"]) > 1:  # min–max over the seeds
+            ax.errorbar(xs, ys, fmt="none", ecolor=f"C{i}", alpha=0.4, elinewidth=1,
+                        xerr=[[r["domain"] - r["domain_spread"]["min"] for r in pts],
+                              [r["domain_spread"]["max"] - r["domain"] for r in pts]],
+                        yerr=[[r["general"] - r["general_spread"]["min"] for r in pts],
+                              [r["general_spread"]["max"] - r["general"] for r in pts]])
         for r in pts:
             ax.annotate(f"{r['learning_rate']:g}", (r["domain"], r["general"]), fontsize=7,
                         xytext=(3, 3), textcoords="offset points", color=f"C{i}")
@@ -118,7 +124,10 @@ def tradeoff_plot(base: dict, runs: list[dict], path: Path) -> None:
 
 
 def markdown_report(report: dict) -> str:
+    from .sweeps import format_spread, machine_line
+
     base = report["base"]
+    n_seeds = len(report["settings"]["seeds"])
     lines = [
         "# adaptguard demo: fine-tuning without losing general ability",
         "",
@@ -128,7 +137,11 @@ def markdown_report(report: dict) -> str:
         f"({', '.join(report['settings']['skills'])}). Paper 003 Fig. 1–2 layout.",
         "",
         f"Base model: domain {base['domain']:.3f}, general {base['general']:.3f}. Each row is the mean over "
-        f"training seeds {report['settings']['seeds']} ({report['settings']['epochs']} epochs, "
+        f"training seeds {report['settings']['seeds']}"
+        + (" with the min–max over the seeds in brackets; two methods differ only where their ranges do not "
+           "overlap" if n_seeds > 1 else " (one seed: toy numbers move with the CPU's float noise, so "
+           "compare methods with `--seeds 5`)")
+        + f" ({report['settings']['epochs']} epochs, "
         f"{report['settings']['train_rows']} training rows, {report['settings']['test_rows']} held-out questions, "
         f"{report['settings']['general_probes']} general probes).",
         "",
@@ -143,7 +156,8 @@ def markdown_report(report: dict) -> str:
     for r in report["runs"]:
         skills = " | ".join(f"{r['skills'][s]:.3f}" for s in report["settings"]["skills"])
         loss = "" if r["final_train_loss"] is None else f"{r['final_train_loss']:.4f}"
-        lines.append(f"| {r['method']} | {r['learning_rate']:g} | {r['domain']:.3f} | {r['general']:.3f} | "
+        lines.append(f"| {r['method']} | {r['learning_rate']:g} | {format_spread(r['domain_spread'])} | "
+                     f"{format_spread(r['general_spread'])} | "
                      f"{r['general_nfr']:.3f} | {r['general_pfr']:.3f} | {skills} | {loss} | "
                      f"{r['train_seconds']:.1f} |")
     lines += ["", "![trade-off](tradeoff.png)", ""]
@@ -157,7 +171,21 @@ def markdown_report(report: dict) -> str:
         lines += [f"| {e['epoch']:g} | {e['frac_p_gt_0.2']:.3f} | {e['quantiles']['p50']:.3f} |"
                   for e in ta["epochs"] if "frac_p_gt_0.2" in e]
         lines += ["", "Heatmaps: `token_analysis/heatmap_*.png`.", ""]
-    if report.get("update"):
+    if report.get("update") and "summary" in report["update"]:  # a seed sweep
+        u = report["update"]
+        keys = ("old_acc", "new_acc", "compat_acc", "nfr", "nfr_compat", "delta_nfr", "pfr", "pfr_compat")
+        lines += [
+            "## Model update with a compatibility adapter (MUSCLE, paper 002)", "",
+            "Task adapters on the embedded `tiny` (v1) and `tiny-v2` (v2: larger, trained longer) bases, then "
+            f"the compatibility adapter on v2 (`adaptguard update --preset tiny --seeds {len(u['seeds'])}`; "
+            f"mask `{u['config']['mask']}`), over seeds {u['seeds']} (each re-draws the train/test split): "
+            "mean (min–max).", "",
+            "| v1 acc | v2 acc | v2+compat acc | NFR | NFR_c | ΔNFR_c | PFR | PFR_c |", "|---|---|---|---|---|---|---|---|",
+            "| " + " | ".join(format_spread(u["summary"][k]) for k in keys) + " |", "",
+            f"NFR_c < NFR on {u['nfr_compat_below_nfr']} of {len(u['seeds'])} seeds: the reduction "
+            + ("holds on every seed." if u["holds_beyond_spread"] else
+               "does not hold beyond the spread; on this toy it is float noise (docs/muscle.md)."), ""]
+    elif report.get("update"):
         u = report["update"]
         lines += [
             "## Model update with a compatibility adapter (MUSCLE, paper 002)", "",
@@ -188,18 +216,19 @@ def markdown_report(report: dict) -> str:
             f"Highest mean loss at r = {d['peak_r']:.3f} (the paper reports its maximum near and below 1/2; "
             f"the min–max bars overlap). Theorem A2's bound with `adaptguard drift bound`'s defaults peaks at "
             f"r = {d['bound_argmax']:.3f}. Plot: `drift/drift.png`.", ""]
-    lines += [f"Total time: {report['seconds']:.0f} s. Reproduce: `{report['settings']['command']}`.", ""]
+    lines += [f"Total time: {report['seconds']:.0f} s. Reproduce: `{report['settings']['command']}`. "
+              + machine_line(report["machine"]), ""]
     return "\n".join(lines)
 
 
-def _drift_section(out: Path) -> dict:
+def _drift_section(out: Path, repetitions: int | None = None) -> dict:
     from .drift import theorem_a2_argmax
     from .drift_experiment import run_drift_experiment
     from .threads import torch_threads
 
     print("  similarity drift sweep (quick) ...", flush=True)
     with torch_threads(1):
-        drift = run_drift_experiment(out, quick=True)
+        drift = run_drift_experiment(out, quick=True, **({"repetitions": repetitions} if repetitions else {}))
     # the CLI defaults of `adaptguard drift bound` (App. B's sizes; lambda, mu free)
     drift["bound_argmax"] = theorem_a2_argmax(n=116384, d=64, alpha_i=0.1408, alpha_j=0.8592, delta=0.2, k_mis=1.0,
                                               lambda_l=0.5, mu_l=0.09)
@@ -207,14 +236,20 @@ def _drift_section(out: Path) -> dict:
     return drift
 
 
-def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
-    """Run the trade-off sweep and write the report into `out_dir`; returns the report dict."""
+def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int | None = None) -> dict:
+    """Run the trade-off sweep and write the report into `out_dir`; returns the report dict.
+
+    `seeds`: run every section over seeds 0 … seeds−1 and report mean and min–max (default: the trade-off
+    over 2 seeds, 1 with `quick`, and one run of each other section)."""
     import datasets
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .compat import flip_metrics
     from .embedded import EMBEDDED_MODELS, domain_split, embedded_model_path, exact_match_score, general_probes
+    from .sweeps import machine_info, seed_list, spread
+
+    seed_range = None if seeds is None else seed_list(seeds)
 
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
@@ -227,9 +262,9 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
     train_rows, test_rows = domain_split(spec)
     probes = general_probes(spec)
     if quick:
-        methods, lrs, epochs, seeds = ["SFT", "TALR"], [1e-4, 1e-3], 2, [0]
+        methods, lrs, epochs, seeds = ["SFT", "TALR"], [1e-4, 1e-3], 2, seed_range or [0]
     else:
-        methods, lrs, epochs, seeds = list(METHODS), [1e-4, 3e-4, 1e-3, 3e-3], 4, [0, 1]
+        methods, lrs, epochs, seeds = list(METHODS), [1e-4, 3e-4, 1e-3, 3e-3], 4, seed_range or [0, 1]
     talr_analysis_lr = lrs[len(lrs) // 2]
 
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
@@ -262,6 +297,8 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
                 run = {"method": name, "learning_rate": lr, "config": METHODS[name].config, "lora": METHODS[name].lora,
                        "domain": _mean(r["domain"] for r in per_seed),
                        "general": _mean(r["general"] for r in per_seed),
+                       "domain_spread": spread([r["domain"] for r in per_seed]),
+                       "general_spread": spread([r["general"] for r in per_seed]),
                        "skills": {k: _mean(r["skills"][k] for r in per_seed) for k in per_seed[0]["skills"]},
                        "general_nfr": _mean(r["general_flips"]["nfr"] for r in per_seed),
                        "general_pfr": _mean(r["general_flips"]["pfr"] for r in per_seed),
@@ -271,28 +308,36 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False) -> dict:
                 runs.append(run)
     update = None
     if not quick:  # paper 002's update experiment on tiny -> tiny-v2 (MUSCLE), written to OUT/update/
-        from .update import run_update, tiny_preset
+        from .update import run_update, run_update_seeds, tiny_preset
 
         print("  model update tiny -> tiny-v2 (MUSCLE) ...", flush=True)
-        update = run_update(tiny_preset(str(out / "update")))
-        print(f"  NFR v1->v2 {update['nfr']:.3f}, v1->v2+compat {update['nfr_compat']:.3f}", flush=True)
+        if seed_range and len(seed_range) > 1:
+            update = run_update_seeds(lambda s: tiny_preset(split_seed=s, seed=s), seed_range, out / "update")
+            print(f"  NFR_c < NFR on {update['nfr_compat_below_nfr']} of {len(seed_range)} seeds", flush=True)
+        else:
+            update = run_update(tiny_preset(str(out / "update")))
+            print(f"  NFR v1->v2 {update['nfr']:.3f}, v1->v2+compat {update['nfr_compat']:.3f}", flush=True)
     drift = composition = None
     if not quick:  # paper 000 App. B, the quick sweep, written to OUT/drift/
-        drift = _drift_section(out / "drift")
+        drift = _drift_section(out / "drift", len(seed_range) if seed_range else None)
     if not quick:  # paper 001 Ch. 4 on the embedded model, written to OUT/composition/
-        from .compose_demo import run_composition_demo
+        from .compose_demo import run_composition_demo, run_composition_seeds
 
         print("  compositional in-context learning ...", flush=True)
-        composition = run_composition_demo(out / "composition")
-        composition.pop("predictions", None)  # kept in composition/composition.json
-    command = "adaptguard demo" + (" --quick" if quick else "") + f" --out {out_dir}"
+        if seed_range and len(seed_range) > 1:
+            composition = run_composition_seeds(out / "composition", seeds=seed_range)
+        else:
+            composition = run_composition_demo(out / "composition")
+            composition.pop("predictions", None)  # kept in composition/composition.json
+    command = ("adaptguard demo" + (" --quick" if quick else "") + (f" --seeds {seeds}" if seeds else "")
+               + f" --out {out_dir}")
     report = {
         "settings": {"model": "embedded:tiny", "methods": methods, "learning_rates": lrs, "epochs": epochs,
                      "seeds": seeds,
                      "train_rows": len(train_rows), "test_rows": len(test_rows), "general_probes": len(probes),
                      "skills": sorted({p["skill"] for p in probes}), "quick": quick, "command": command},
         "base": base, "runs": runs, "token_analysis": token_analysis, "update": update, "drift": drift,
-        "composition": composition,
+        "composition": composition, "machine": machine_info(),
         "seconds": time.perf_counter() - start,
     }
     tradeoff_plot(base, runs, out / "tradeoff.png")

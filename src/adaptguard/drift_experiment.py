@@ -433,9 +433,11 @@ def run_drift_experiment(out_dir: str | os.PathLike[str], *, quick: bool = False
             runs.append(run_single(config, r, repetition))
             if progress is not None:
                 progress(runs[-1])
+    from .sweeps import machine_info
+
     result = {**summarize(runs, config.similarities), "optimal_loss": -math.log(1 - config.delta),
               "runs": runs, "settings": {**config.settings(), "preset": "quick" if quick else "default"},
-              "seconds": time.perf_counter() - start}
+              "machine": machine_info(), "seconds": time.perf_counter() - start}
     plot_drift(result, out / "drift.png")
     atomic_write_text(out / "drift.json", json.dumps(result, indent=2) + "\n")
     return result

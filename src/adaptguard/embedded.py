@@ -8,6 +8,11 @@ can then be measured against how much of the general skills survive, as in paper
 The first call builds and caches the model under `$ADAPTGUARD_CACHE` (default
 `~/.cache/adaptguard`); later calls load it with safetensors. Nothing here is used by the library
 unless asked for: trainers take any Hub id or local path.
+
+The build runs in a subprocess with `BUILD_ENV`: torch's scalar kernels, MKL's portable code path and
+one thread, so that every x86-64 CPU builds the same weights (an AVX-512 and an AVX2 machine otherwise
+differ in the last bits, and a toy trained on top of them in whole answers). The weights' fingerprint
+is checked against `embedded_fingerprints.json`; a mismatch is a warning naming this machine.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -207,8 +215,66 @@ def _pretrain(spec: EmbeddedSpec, tokenizer):
     return model
 
 
+# The build subprocess's environment (see the module docstring). Measured on an AMD EPYC (AVX2): the
+# native kernels, scalar ATen kernels alone, and this environment give three different "tiny" models;
+# this environment with MKL restricted to SSE4.2 (as on an older CPU) gives the same one. It costs time:
+# ~3 min instead of ~1.5 for "tiny" on one core.
+BUILD_ENV = {
+    "ATEN_CPU_CAPABILITY": "default",  # torch's ATen kernels without SIMD dispatch (same code on every CPU)
+    "MKL_CBWR": "COMPATIBLE",  # MKL's conditional numerical reproducibility: one code path on every CPU
+    "ONEDNN_MAX_CPU_ISA": "SSE41",  # oneDNN's JIT kernels capped at an ISA every x86-64 CPU here has
+    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",  # reductions split over threads change the sums
+    "TOKENIZERS_PARALLELISM": "false",
+}
+BUILD_TIMEOUT_S = 3600
+FINGERPRINTS_FILE = Path(__file__).with_name("embedded_fingerprints.json")
+
+
+def weights_fingerprint(path: str | os.PathLike) -> str:
+    """SHA-256 of a saved model's tensors (names, dtypes, shapes, bytes) and its tokenizer.json: equal
+    exactly when two builds are bit-identical (safetensors' header order plays no part)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    digest = hashlib.sha256()
+    for name, tensor in sorted(load_file(path / "model.safetensors").items()):
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    digest.update((path / "tokenizer.json").read_bytes())
+    return digest.hexdigest()
+
+
+def recorded_fingerprint(name: str) -> str | None:
+    """The fingerprint recorded for `name` built by this recipe with these library versions, if any."""
+    records = json.loads(FINGERPRINTS_FILE.read_text()) if FINGERPRINTS_FILE.exists() else {}
+    return records.get(f"{name}-{_spec_hash(EMBEDDED_MODELS[name])}")
+
+
+def _check_fingerprint(name: str, path: Path) -> str:
+    fingerprint = weights_fingerprint(path)
+    expected = recorded_fingerprint(name)
+    if expected is not None and fingerprint != expected:
+        import platform
+
+        warnings.warn(f"embedded model {name!r} built at {path} differs from the recorded build "
+                      f"({fingerprint[:12]} != {expected[:12]}) on this machine ({platform.machine()}, torch "
+                      f"{torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}): toy "
+                      "numbers may differ from the documented ones", RuntimeWarning, stacklevel=3)
+    return fingerprint
+
+
+def _build(name: str, out: Path) -> None:
+    """Build `name` into the empty directory `out` (run inside the `BUILD_ENV` subprocess)."""
+    spec = EMBEDDED_MODELS[name]
+    tokenizer = build_tokenizer(spec)
+    model = _pretrain(spec, tokenizer)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
 def embedded_model_path(name: str = "tiny") -> Path:
-    """Local directory of the embedded model `name`, built (≈1 min on 2 CPU cores) on first use.
+    """Local directory of the embedded model `name`, built on first use (≈3 min for "tiny", ≈6 for
+    "tiny-v2": one thread and portable kernels, so that every machine builds the same weights).
 
     The directory loads with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`,
     so it can stand wherever a Hub id is accepted.
@@ -220,16 +286,22 @@ def embedded_model_path(name: str = "tiny") -> Path:
     if (target / "model.safetensors").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(spec)
-    with torch.random.fork_rng():
-        model = _pretrain(spec, tokenizer)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "adaptguard_embedded.json").write_text(json.dumps({"name": name, **asdict(spec)}, indent=2))
     try:
+        proc = subprocess.run([sys.executable, "-m", "adaptguard.embedded", name, str(tmp)],
+                              env={**os.environ, **BUILD_ENV}, capture_output=True, text=True,
+                              timeout=BUILD_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building the embedded model {name!r} failed:\n{proc.stderr[-3000:]}")
+        fingerprint = _check_fingerprint(name, tmp)
+        (tmp / "adaptguard_embedded.json").write_text(json.dumps(
+            {"name": name, **asdict(spec), "fingerprint": fingerprint, "build_env": BUILD_ENV}, indent=2))
         os.rename(tmp, target)  # atomic: a reader never sees a half-written model
-    except OSError:  # another process finished first
+    except OSError:
+        if not (target / "model.safetensors").exists():
+            raise
+        # another process finished first
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
 
@@ -275,3 +347,7 @@ def exact_match_score(model, tokenizer, rows: list[dict[str, str]], batch_size: 
     """Fraction of `rows` answered exactly (see `exact_match_flags`)."""
     flags = exact_match_flags(model, tokenizer, rows, batch_size, max_new_tokens)
     return sum(flags) / len(flags)
+
+
+if __name__ == "__main__":  # the build subprocess of `embedded_model_path`: NAME OUT_DIR
+    _build(sys.argv[1], Path(sys.argv[2]))

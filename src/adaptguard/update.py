@@ -6,7 +6,8 @@ distilled from both task models), evaluate it, and write `report.json`, `report.
 Tables 3–6 layout) and flip-quadrant plots into the output directory.
 
 CONFIG is a JSON file (see `UpdateConfig`); `--preset tiny` runs on the embedded default
-(bases `tiny` → `tiny-v2`, their knowledge asked in six question phrasings).
+(bases `tiny` → `tiny-v2`, their knowledge asked in six question phrasings). `--seeds N` repeats the
+experiment over N seeds (`run_update_seeds`) and reports the mean and min–max of every rate.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,13 +106,14 @@ def paraphrase_split(train_fraction: float = 0.3, seed: int = 0) -> tuple[list[d
     return rows[:n_train], rows[n_train:]
 
 
-def tiny_preset(output_dir: str = "update-out", split_seed: int = 0) -> UpdateConfig:
+def tiny_preset(output_dir: str = "update-out", split_seed: int = 0, seed: int = 0) -> UpdateConfig:
     """Paper 002's experiment on the embedded bases `tiny` → `tiny-v2` (larger, trained longer).
 
     The mask is LL_L (`old_likelier_token`, paper 002 §6.5), not eq. 1's `student_wrong`: the task
     adapters here fit every training token, so "the student is wrong" never happens on the training
     set and eq. 1 leaves the adapter unchanged (measured, docs/muscle.md); LL_L compares the two task
     models' probabilities of the label and still finds the tokens where v1 is the better teacher.
+    `split_seed` shuffles the 360 rows before the train/test split; `seed` seeds the trainings.
     """
     from .embedded import embedded_model_path
 
@@ -118,7 +121,8 @@ def tiny_preset(output_dir: str = "update-out", split_seed: int = 0) -> UpdateCo
     return UpdateConfig(old_base=str(embedded_model_path("tiny")), new_base=str(embedded_model_path("tiny-v2")),
                         train=train, test=test, output_dir=output_dir, lora_r=16, lora_alpha=32,
                         task_learning_rate=1e-3, task_epochs=30, compat_learning_rate=2e-3, compat_epochs=3,
-                        mask="old_likelier_token", batch_size=16, max_length=64, max_new_tokens=8, use_cpu=True)
+                        mask="old_likelier_token", batch_size=16, max_length=64, max_new_tokens=8, seed=seed,
+                        use_cpu=True)
 
 
 def _rows(spec, split: str) -> list[dict]:
@@ -258,6 +262,61 @@ def run_update(cfg: UpdateConfig) -> dict:
     atomic_write_text(out / "report.json", json.dumps(report, indent=2))
     atomic_write_text(out / "report.md", update_markdown(report))
     return report
+
+
+SWEEP_KEYS = ("old_acc", "new_acc", "compat_acc", "nfr", "nfr_compat", "delta_nfr", "pfr", "pfr_compat")
+
+
+def run_update_seeds(make_config: Callable[[int], UpdateConfig], seeds: Sequence[int],
+                     output_dir: str | Path) -> dict:
+    """`run_update(make_config(seed))` for each seed, into `output_dir/seed-<seed>/`, then the spread.
+
+    Writes `output_dir/seeds.json` and `seeds.md`: per rate (`SWEEP_KEYS`) the mean and min–max over the
+    seeds, every seed's rates, the machine, and whether NFR_c < NFR holds beyond the spread (on every
+    seed: the largest ΔNFR_c is below 0)."""
+    from .sweeps import machine_info, spread
+
+    if not seeds:
+        raise ValueError("seeds: give at least one seed")
+    out = Path(output_dir)
+    per_seed = []
+    for seed in seeds:
+        cfg = make_config(seed)
+        cfg.output_dir = str(out / f"seed-{seed}")
+        report = run_update(cfg)
+        per_seed.append({"seed": seed, **{k: report[k] for k in SWEEP_KEYS}, "n_test": report["n_test"],
+                         "mcnemar_p_v1_v2": report["mcnemar_p_v1_v2"],
+                         "mcnemar_p_v1_compat": report["mcnemar_p_v1_compat"]})
+        logger.info("seed %s: NFR %.4f -> NFR_c %.4f", seed, report["nfr"], report["nfr_compat"])
+    summary = {k: spread([r[k] for r in per_seed]) for k in SWEEP_KEYS}
+    result = {"seeds": list(seeds), "summary": summary, "per_seed": per_seed,
+              "nfr_compat_below_nfr": sum(r["nfr_compat"] < r["nfr"] for r in per_seed),
+              "holds_beyond_spread": summary["delta_nfr"]["max"] < 0, "machine": machine_info(),
+              "config": {k: v for k, v in dataclasses.asdict(make_config(seeds[0])).items()
+                         if k not in ("train", "test", "output_dir", "seed")}}
+    atomic_write_text(out / "seeds.json", json.dumps(result, indent=2))
+    atomic_write_text(out / "seeds.md", seeds_markdown(result))
+    return result
+
+
+def seeds_markdown(r: dict) -> str:
+    """The seed sweep's table: mean (min–max) in % per rate, one row per seed, and the verdict."""
+    from .sweeps import format_spread, machine_line
+
+    names = {"old_acc": "M_v1 acc", "new_acc": "M_v2 acc", "compat_acc": "M_v2^C acc", "nfr": "NFR",
+             "nfr_compat": "NFR_c", "delta_nfr": "ΔNFR_c", "pfr": "PFR", "pfr_compat": "PFR_c"}
+    n = len(r["seeds"])
+    verdict = ("holds beyond the spread: NFR_c < NFR on every seed" if r["holds_beyond_spread"] else
+               f"does NOT hold beyond the spread: NFR_c < NFR on {r['nfr_compat_below_nfr']} of {n} seeds")
+    return "\n".join([
+        f"# Model update compatibility (MUSCLE, paper 002) over {n} seeds", "",
+        f"Mask `{r['config']['mask']}`; seeds {r['seeds']} (each seed: its own run under `seed-<seed>/`). "
+        "All rates in %, mean (min–max) over the seeds.", "",
+        "| " + " | ".join(names.values()) + " |", "|---" * len(names) + "|",
+        "| " + " | ".join(format_spread(r["summary"][k], ".2f", 100) for k in names) + " |", "",
+        "| seed | " + " | ".join(names.values()) + " |", "|---" * (len(names) + 1) + "|",
+        *[f"| {row['seed']} | " + " | ".join(f"{100 * row[k]:.2f}" for k in names) + " |" for row in r["per_seed"]],
+        "", f"The reduction of negative flips {verdict}.", "", machine_line(r["machine"]), ""])
 
 
 def _lm_eval_flips(cfg: UpdateConfig, models: dict, new_model) -> dict:

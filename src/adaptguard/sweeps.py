@@ -1,0 +1,54 @@
+"""Seed sweeps of the embedded-model experiments: mean and min–max over seeds, and the machine they ran on.
+
+The toy experiments train models in-process, and their floats depend on the CPU's kernels (AVX2,
+AVX-512, scalar) and thread count: a difference of a few test items between two methods can be noise.
+So the experiments report the spread over seeds and name the machine, and a claim is stated as holding
+only where it holds beyond that spread.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def machine_info() -> dict:
+    """The CPU, torch's kernel capability and thread count, and the library versions the numbers came from."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "system": platform.system()}
+
+
+def machine_line(info: dict) -> str:
+    """One Markdown line naming the machine of `machine_info()`."""
+    return (f"Measured on {info['cpu']} ({info['system']}, torch {info['torch']}, {info['cpu_capability']} "
+            f"kernels, {info['threads']} threads).")
+
+
+def spread(values: Sequence[float]) -> dict:
+    """{"mean", "min", "max", "n"} of `values` (one per seed)."""
+    if len(values) == 0:
+        raise ValueError("spread needs at least one value")
+    arr = np.asarray(values, dtype=float)
+    return {"mean": float(arr.mean()), "min": float(arr.min()), "max": float(arr.max()), "n": len(arr)}
+
+
+def format_spread(s: dict, fmt: str = ".3f", scale: float = 1.0) -> str:
+    """`mean (min–max)`, or just the value for a single seed; `scale` e.g. 100 for percent."""
+    mean = format(scale * s["mean"], fmt)
+    return mean if s["n"] == 1 else f"{mean} ({format(scale * s['min'], fmt)}–{format(scale * s['max'], fmt)})"
+
+
+def seed_list(n: int) -> list[int]:
+    """Seeds 0 … n−1, checking `n` (a CLI's `--seeds`)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"--seeds: expected a positive integer, got {n!r}")
+    return list(range(n))
