@@ -95,8 +95,8 @@ def test_exact_match_score():
 
 def test_cli_demo_quick(tmp_path, embedded_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "demo", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "demo", "--quick", "--seeds", "2", "--out",
+                           str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert {r["method"] for r in report["runs"]} == {"SFT", "TALR"}
@@ -116,6 +116,18 @@ def test_cli_demo_quick(tmp_path, embedded_path):
     assert (out / "tradeoff.png").stat().st_size > 5000
     md = (out / "report.md").read_text()
     assert "| TALR | 0.001 |" in md and "tradeoff.png" in md and "general NFR" in md
+    for run in report["runs"]:  # the spread over the two seeds, against the per-seed scores
+        assert [r["seed"] for r in run["seeds"]] == [0, 1]
+        for key in ("domain", "general"):
+            values = [r[key] for r in run["seeds"]]
+            assert run[f"{key}_spread"] == pytest.approx(
+                {"mean": sum(values) / 2, "min": min(values), "max": max(values), "n": 2})
+        spread = run["domain_spread"]
+        assert f"{spread['mean']:.3f} ({spread['min']:.3f}–{spread['max']:.3f})" in md
+    import torch
+
+    assert report["machine"]["torch"] == torch.__version__ and "threads" in report["machine"]
+    assert report["settings"]["command"].startswith("adaptguard demo --quick --seeds 2")
     assert not list(out.glob(".*"))  # no temporary files left behind
 
 

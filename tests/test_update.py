@@ -87,6 +87,37 @@ def test_old_only_mask_moves_the_student_to_v1s_answers(tmp_path, embedded_path)
     assert agree(kept, v2_answers) >= 10 and agree(kept, v1_answers) <= 2
 
 
+def test_cli_seed_sweep_reports_the_spread_of_the_per_seed_runs(tmp_path, embedded_path):
+    """`adaptguard update CONFIG --seeds 2`: one full run per seed, and a summary that equals the spread
+    recomputed from the per-seed report.json files (mechanics only: one epoch each, rates not asserted)."""
+    rows = [{"prompt": f"question : opposite of {a} ? answer :", "completion": f" {b} ."}
+            for a, b in (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"))]
+    config = tmp_path / "update.json"
+    config.write_text(json.dumps({"old_base": str(embedded_path), "new_base": str(embedded_path), "train": rows,
+                                  "test": rows, "task_epochs": 1, "compat_epochs": 1, "batch_size": 4,
+                                  "max_length": 64, "max_new_tokens": 4, "use_cpu": True}))
+    out = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--seeds", "2", "--out",
+                           str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 seeds, mean (min-max)" in proc.stdout
+    result = json.loads((out / "seeds.json").read_text())
+    per_seed = [json.loads((out / f"seed-{s}" / "report.json").read_text()) for s in (0, 1)]
+    assert [r["config"]["seed"] for r in per_seed] == [0, 1]
+    for key in ("old_acc", "new_acc", "compat_acc", "nfr", "nfr_compat", "delta_nfr", "pfr", "pfr_compat"):
+        values = [r[key] for r in per_seed]
+        assert result["summary"][key] == pytest.approx(
+            {"mean": sum(values) / 2, "min": min(values), "max": max(values), "n": 2}), key
+    below = sum(r["nfr_compat"] < r["nfr"] for r in per_seed)
+    assert result["nfr_compat_below_nfr"] == below
+    assert result["holds_beyond_spread"] == all(r["nfr_compat"] < r["nfr"] for r in per_seed)
+    md = (out / "seeds.md").read_text()
+    assert "| seed | M_v1 acc |" in md and "Measured on" in md and result["machine"]["cpu"] in md
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--seeds", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--seeds: expected a positive integer, got 0" in proc.stderr
+
+
 def test_config_file_errors(tmp_path):
     from adaptguard.update import UpdateConfig
 

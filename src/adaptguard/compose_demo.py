@@ -280,7 +280,7 @@ def _run(config: CompositionConfig, seed: int) -> dict:
 
 def run_composition_seeds(out_dir: str | Path, *, quick: bool = False, seeds: list[int] | tuple[int, ...] = (0,),
                           config: CompositionConfig | None = None) -> dict:
-    """`run_composition_demo` once per seed (meta-training data, order, initialisation and test prompts all
+    """`run_composition_demo` once per seed (meta-training data and order and the test prompts
     follow the seed), into `out_dir/seed-<seed>/`, and the spread of every cell.
 
     Returns {"seeds", "table": {pair: {setting: {metric: spread}}}, "ks", "per_seed": [result without its
@@ -315,7 +315,7 @@ def seeds_markdown_section(result: dict) -> str:
         f"{format_spread(row[st]['word_exact_match'], '.2f')} / {format_spread(row[st]['exact_match'], '.2f')}"
         for st in SETTINGS) + " |" for pair, row in result["table"].items()]
     n = len(result["seeds"])
-    note = (f"Cells over {n} seeds {result['seeds']} (meta-training data, order, initialisation and test "
+    note = (f"Cells over {n} seeds {result['seeds']} (meta-training data and order and the test "
             "prompts follow the seed): mean (min–max). A difference between two settings is a finding only "
             "where their min–max ranges do not overlap.")
     tail = [line for line in lines[head + 2 + len(rows):] if not line.startswith("Before meta-training")]

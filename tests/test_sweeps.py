@@ -1,0 +1,32 @@
+import pytest
+
+
+def test_spread_and_its_format():
+    from adaptguard.sweeps import format_spread, spread
+
+    s = spread([0.5, 0.25, 1.0])
+    assert s == {"mean": pytest.approx(1.75 / 3), "min": 0.25, "max": 1.0, "n": 3}
+    assert format_spread(s, ".2f", 100) == "58.33 (25.00–100.00)"
+    assert format_spread(spread([0.125])) == "0.125"  # one seed: no range to show
+    with pytest.raises(ValueError, match="at least one value"):
+        spread([])
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, 2.0, "5"])
+def test_seed_list_rejects_what_is_not_a_positive_integer(bad):
+    from adaptguard.sweeps import seed_list
+
+    with pytest.raises(ValueError, match="--seeds: expected a positive integer"):
+        seed_list(bad)
+
+
+def test_seed_list_and_machine_info():
+    import torch
+
+    from adaptguard.sweeps import machine_info, machine_line, seed_list
+
+    assert seed_list(3) == [0, 1, 2]
+    info = machine_info()
+    assert info["torch"] == torch.__version__ and info["threads"] == torch.get_num_threads()
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert info["cpu"] and info["cpu"] in machine_line(info)
