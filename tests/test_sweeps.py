@@ -30,3 +30,4 @@ def test_seed_list_and_machine_info():
     assert info["torch"] == torch.__version__ and info["threads"] == torch.get_num_threads()
     assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert info["cpu"] and info["cpu"] in machine_line(info)
+    assert machine_line({**info, "threads": 1}).endswith("kernels, 1 thread).")

@@ -111,6 +111,8 @@ def test_cli_seed_sweep_reports_the_spread_of_the_per_seed_runs(tmp_path, embedd
     below = sum(r["nfr_compat"] < r["nfr"] for r in per_seed)
     assert result["nfr_compat_below_nfr"] == below
     assert result["holds_beyond_spread"] == all(r["nfr_compat"] < r["nfr"] for r in per_seed)
+    assert result["nfr_compat_at_most_nfr"] == sum(r["nfr_compat"] <= r["nfr"] for r in per_seed)
+    assert result["seeds_without_regressions"] == sum(r["nfr"] == 0 for r in per_seed)
     md = (out / "seeds.md").read_text()
     assert "| seed | M_v1 acc |" in md and "Measured on" in md and result["machine"]["cpu"] in md
     proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--seeds", "0"],

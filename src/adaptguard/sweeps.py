@@ -29,8 +29,9 @@ def machine_info() -> dict:
 
 def machine_line(info: dict) -> str:
     """One Markdown line naming the machine of `machine_info()`."""
+    threads = f"{info['threads']} thread" + ("s" if info["threads"] != 1 else "")
     return (f"Measured on {info['cpu']} ({info['system']}, torch {info['torch']}, {info['cpu_capability']} "
-            f"kernels, {info['threads']} threads).")
+            f"kernels, {threads}).")
 
 
 def spread(values: Sequence[float]) -> dict:

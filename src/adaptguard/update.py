@@ -291,6 +291,8 @@ def run_update_seeds(make_config: Callable[[int], UpdateConfig], seeds: Sequence
     summary = {k: spread([r[k] for r in per_seed]) for k in SWEEP_KEYS}
     result = {"seeds": list(seeds), "summary": summary, "per_seed": per_seed,
               "nfr_compat_below_nfr": sum(r["nfr_compat"] < r["nfr"] for r in per_seed),
+              "nfr_compat_at_most_nfr": sum(r["nfr_compat"] <= r["nfr"] for r in per_seed),
+              "seeds_without_regressions": sum(r["nfr"] == 0 for r in per_seed),
               "holds_beyond_spread": summary["delta_nfr"]["max"] < 0, "machine": machine_info(),
               "config": {k: v for k, v in dataclasses.asdict(make_config(seeds[0])).items()
                          if k not in ("train", "test", "output_dir", "seed")}}
@@ -307,7 +309,9 @@ def seeds_markdown(r: dict) -> str:
              "nfr_compat": "NFR_c", "delta_nfr": "ΔNFR_c", "pfr": "PFR", "pfr_compat": "PFR_c"}
     n = len(r["seeds"])
     verdict = ("holds beyond the spread: NFR_c < NFR on every seed" if r["holds_beyond_spread"] else
-               f"does NOT hold beyond the spread: NFR_c < NFR on {r['nfr_compat_below_nfr']} of {n} seeds")
+               f"does NOT hold beyond the spread: NFR_c < NFR on {r['nfr_compat_below_nfr']} of {n} seeds, "
+               f"NFR_c ≤ NFR on {r['nfr_compat_at_most_nfr']}; v2 had no negative flip to remove on "
+               f"{r['seeds_without_regressions']}")
     return "\n".join([
         f"# Model update compatibility (MUSCLE, paper 002) over {n} seeds", "",
         f"Mask `{r['config']['mask']}`; seeds {r['seeds']} (each seed: its own run under `seed-<seed>/`). "
