@@ -334,7 +334,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
         else:
             composition = run_composition_demo(out / "composition")
             composition.pop("predictions", None)  # kept in composition/composition.json
-    command = ("adaptguard demo" + (" --quick" if quick else "") + (f" --seeds {seeds}" if seeds else "")
+    command = ("adaptguard demo" + (" --quick" if quick else "") + (f" --seeds {len(seed_range)}" if seed_range else "")
                + f" --out {out_dir}")
     report = {
         "settings": {"model": "embedded:tiny", "methods": methods, "learning_rates": lrs, "epochs": epochs,
