@@ -26,12 +26,13 @@ embedded model's pretraining) rather than an SFT trainer.
 K: the paper uses 10 demonstrations, but its prompts do not fit the tiny model's 256 positions (the
 byte-level tokenizer spends ~14 tokens on "input:"/"output:" alone; A+B at K = 10 needs ~520). Each
 pair gets the largest K <= ``k`` for which every prompt of its four settings plus ``max_new_tokens``
-fits; the chosen K is reported (4 for A+F, 3 for A+B). One seed (the paper: 3), 50 test prompts per
+fits; the chosen K is reported (4 for A+F, 3 for A+B). One seed by default (the paper: 3; `run_composition_seeds` for more), 50 test prompts per
 setting (the paper: 100).
 
-What to expect at this budget (seed 0): the simple tasks are partly learned in context (plus one
-~0.95, capitalization ~0.4-0.6, swap ~0.05); composites get only their plus-one part (word-level ~0.4,
-exact 0), from simple and from composite demonstrations alike: the model does not read the composite
+What to expect at this budget (seeds 0-4, `adaptguard demo --seeds 5`, mean (min-max) word-level exact
+match): the simple tasks are partly learned in context (A+F: 0.82 (0.70-0.96) and 0.79 (0.70-0.86);
+A+B: 0.84 (0.76-0.92) and 0.30 (0.10-0.63)); composites get only a part (A+F 0.26 word-level, exact 0;
+A+B 0), from simple and from composite demonstrations alike: the model does not read the composite
 demonstrations, as no meta-training task needed them to be read (each is told apart by its query).
 """
 
