@@ -26,8 +26,8 @@ embedded model's pretraining) rather than an SFT trainer.
 K: the paper uses 10 demonstrations, but its prompts do not fit the tiny model's 256 positions (the
 byte-level tokenizer spends ~14 tokens on "input:"/"output:" alone; A+B at K = 10 needs ~520). Each
 pair gets the largest K <= ``k`` for which every prompt of its four settings plus ``max_new_tokens``
-fits; the chosen K is reported (4 for A+F, 3 for A+B). One seed by default (the paper: 3; `run_composition_seeds` for more), 50 test prompts per
-setting (the paper: 100).
+fits; the chosen K is reported (4 for A+F, 3 for A+B). One seed by default (the paper: 3;
+`run_composition_seeds` for more), 50 test prompts per setting (the paper: 100).
 
 What to expect at this budget (seeds 0-4, `adaptguard demo --seeds 5`, mean (min-max) word-level exact
 match): the simple tasks are partly learned in context (A+F: 0.82 (0.70-0.96) and 0.79 (0.70-0.86);
