@@ -51,12 +51,13 @@ def test_embedded_path_is_cached(embedded_path):
 def test_embedded_build_is_the_recorded_one(embedded_path):
     """The build runs with fixed kernels and one thread (`BUILD_ENV`), whatever this process's settings: under
     `.ci/shake` (scalar, avx2, avx512 kernels; 1 and 2 threads) every build must give the recorded weights."""
-    from adaptguard.embedded import recorded_fingerprint, weights_fingerprint
+    from adaptguard.embedded import embedded_model_path, recorded_fingerprint, weights_fingerprint
 
-    expected = recorded_fingerprint("tiny")
-    if expected is None:
+    expected = {name: recorded_fingerprint(name) for name in ("tiny", "tiny-v2")}
+    if None in expected.values():
         pytest.skip("no fingerprint recorded for this recipe and these torch/transformers/tokenizers versions")
-    assert weights_fingerprint(embedded_path) == expected
+    assert weights_fingerprint(embedded_path) == expected["tiny"]
+    assert weights_fingerprint(embedded_model_path("tiny-v2")) == expected["tiny-v2"]  # built here if not yet
 
 
 def test_weights_fingerprint_sees_one_changed_bit(tmp_path, embedded_path):
