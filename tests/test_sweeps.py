@@ -31,3 +31,15 @@ def test_seed_list_and_machine_info():
     assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert info["cpu"] and info["cpu"] in machine_line(info)
     assert machine_line({**info, "threads": 1}).endswith("kernels, 1 thread).")
+
+
+@pytest.mark.parametrize("command", [["demo"], ["drift", "experiment"], ["update", "--preset", "tiny"]])
+def test_cli_bad_seeds_exit_2_and_write_nothing(tmp_path, command):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", *command, "--seeds", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--seeds: expected a positive integer, got 0" in proc.stderr
+    assert "writing" not in proc.stdout and not out.exists()

@@ -10,7 +10,10 @@ from pathlib import Path
 
 def _demo(ns: argparse.Namespace) -> int:
     from .demo import run_demo
+    from .sweeps import seed_list
 
+    if ns.seeds is not None:
+        seed_list(ns.seeds)  # a bad --seeds fails before anything is announced or written
     print(f"adaptguard demo{' (quick)' if ns.quick else ''}: writing {ns.out}/report.md", flush=True)
     report = run_demo(ns.out, quick=ns.quick, seeds=ns.seeds)
     print(f"done in {report['seconds']:.0f} s: {ns.out}/report.md, {ns.out}/report.json, {ns.out}/tradeoff.png")
