@@ -1,7 +1,26 @@
-"""Dataset loaders and per-sample results of the compat_* tasks (the logic is in adaptguard.harness)."""
+"""Dataset loaders and per-sample results of the compat_* tasks (the logic is in adaptguard.compat.harness)."""
 
-from adaptguard import harness
-from adaptguard.harness import btc_aggregation, mean_negative_abs, mean_positive  # noqa: F401
+from lm_eval.tasks.hellaswag.utils import process_docs as hellaswag_docs  # noqa: F401  (lm-eval's own, unchanged)
+
+from adaptguard.compat import harness
+from adaptguard.compat.metrics import btc_aggregation, mean_negative_abs, mean_positive  # noqa: F401
+
+
+
+def _gsm8k_exact_match() -> dict:
+    """The exact_match settings of lm-eval's own gsm8k task (its gsm8k.yaml `metric_list`), read from the installed
+    lm-eval so that compat_gsm8k normalises answers exactly as `gsm8k` does (process_results does not get them)."""
+    from pathlib import Path
+
+    import lm_eval.tasks
+    import yaml
+
+    config = yaml.safe_load((Path(lm_eval.tasks.__file__).parent / "gsm8k" / "gsm8k.yaml").read_text())
+    metric = next(m for m in config["metric_list"] if m["metric"] == "exact_match")
+    return {"regexes_to_ignore": metric.get("regexes_to_ignore"), "ignore_case": metric.get("ignore_case", False)}
+
+
+GSM8K_EXACT_MATCH = _gsm8k_exact_match()
 
 
 def piqa_dataset(**kwargs):
@@ -17,24 +36,6 @@ def hellaswag_dataset(**kwargs):
                                     aliases=("hellaswag",), **kwargs)
 
 
-def _hellaswag_text(text):
-    import re
-
-    text = text.strip().replace(" [title]", ". ")
-    text = re.sub("\\[.*?\\]", "", text)
-    return text.replace("  ", " ")
-
-
-def hellaswag_docs(dataset):
-    """lm-eval's hellaswag preprocessing, unchanged, so its `hellaswag` runs can serve as reference."""
-    def process(doc):
-        ctx = doc["ctx_a"] + " " + doc["ctx_b"].capitalize()
-        return {"query": _hellaswag_text(doc["activity_label"] + ": " + ctx),
-                "choices": [_hellaswag_text(e) for e in doc["endings"]], "gold": int(doc["label"])}
-
-    return dataset.map(process)
-
-
 def hellaswag_results(doc, results):
     return harness.multiple_choice_results("compat_hellaswag", doc, results, int(doc["gold"]), doc["choices"])
 
@@ -44,7 +45,7 @@ def gsm8k_dataset(**kwargs):
 
 
 def gsm8k_results(doc, results):
-    return harness.exact_match_results("compat_gsm8k", doc, results, doc["answer"])
+    return harness.exact_match_results("compat_gsm8k", doc, results, doc["answer"], **GSM8K_EXACT_MATCH)
 
 
 def samsum_dataset(**kwargs):

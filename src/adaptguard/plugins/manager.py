@@ -7,14 +7,14 @@ from collections.abc import Callable
 
 import pluggy
 
-from . import builtins, hookspecs
+from . import builtin, hookspecs
 
 
 @functools.lru_cache(maxsize=1)
 def get_plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    pm.register(builtins, name="adaptguard.builtins")
+    pm.register(builtin, name="adaptguard.builtin")
     pm.load_setuptools_entrypoints(hookspecs.PROJECT)
     return pm
 

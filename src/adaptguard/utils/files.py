@@ -5,20 +5,30 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename: readers never see half a file."""
+def atomic_write(path: str | os.PathLike, write: Callable[[IO], None], *, binary: bool = False) -> Path:
+    """Call `write(f)` on a temporary file next to `path`, then rename it to `path`: readers never see half a
+    file, and a failure (an exception in `write`) leaves neither the temporary file nor a changed `path`."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report should be as readable as any written file
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; an output should be as readable as any written file
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `path` atomically (see `atomic_write`)."""
+    return atomic_write(path, lambda f: f.write(text))
 
 
 def replace_dir(tmp: Path, target: Path) -> None:

@@ -6,7 +6,7 @@ entry-point group `adaptguard`::
     [project.entry-points.adaptguard]
     my_plugin = "my_package.my_module"
 
-adaptguard's own built-ins register through the same hooks (`adaptguard.builtins`), as pytest's do.
+adaptguard's own built-ins register through the same hooks (`adaptguard.plugins.builtin`), as pytest's do.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def adaptguard_lm_eval_task_dirs() -> list:
 
 @hookspec
 def adaptguard_muscle_masks() -> dict:
-    """Return `{name: mask}` MUSCLE masking strategies (paper 002 §4.1, §6.5) for `CompatConfig(mask=name)`.
+    """Return `{name: mask}` MUSCLE masking strategies (paper 002 §4.1, §6.5) for `MUSCLEConfig(mask=name)`.
 
-    A mask is called as `mask(inputs)` with `inputs` an `adaptguard.losses.MaskInputs` (per-position
+    A mask is called as `mask(inputs)` with `inputs` an `adaptguard.muscle.losses.MaskInputs` (per-position
     labels, validity, argmax tokens and label log-probabilities of the student, old and new models,
     all (B, T)) and returns (B, T) booleans or 0/1 floats: 1 = align that token to the old model.
     """

@@ -1,4 +1,4 @@
-"""Backward-compatibility metrics for model updates (paper 002 §3.1–3.2), pure maths.
+"""Backward-compatibility metrics for model updates (paper 002 §3.1–3.2), pure maths (numpy, scipy).
 
 For an old model M1 and a new model M2 on the same N items:
 
@@ -13,9 +13,12 @@ Beyond the paper: an exact McNemar test on the discordant pairs and bootstrap in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+# S(predictions (N,), references (N lists)) -> N floats, higher = more similar
+Similarity = Callable[[list[str], list[list[str]]], Sequence[float]]
 
 
 def _as_bool(name: str, values) -> np.ndarray:
@@ -53,6 +56,40 @@ def bootstrap_rate_ci(indicator: np.ndarray, n_boot: int = 2000, level: float = 
     return (float(lo), float(hi))
 
 
+def flip_indicators(old_correct, new_correct, old_pred=None, new_pred=None) -> dict[str, np.ndarray]:
+    """Per-item flips (paper 002 §3.1), the one implementation behind `flip_metrics`, `compare` and the
+    in-harness `compat_*` tasks.
+
+    Args:
+        old_correct, new_correct: (N,) booleans, whether each model got item i right.
+        old_pred, new_pred: optional (N,) predictions (any values comparable with `!=`).
+    Returns:
+        `{"nfr": old ∧ ¬new, "pfr": ¬old ∧ new}` as (N,) bool arrays, plus `"nfr_mc": ¬new ∧ (old_pred ≠
+        new_pred)` (an inconsistency flip) when predictions are given.
+    """
+    old = _as_bool("old_correct", old_correct)
+    new = _as_bool("new_correct", new_correct)
+    if len(old) != len(new):
+        raise ValueError(f"old_correct has {len(old)} items but new_correct has {len(new)}")
+    out = {"nfr": old & ~new, "pfr": ~old & new}
+    if (old_pred is None) != (new_pred is None):
+        raise ValueError("give both old_pred and new_pred, or neither")
+    if old_pred is not None:
+        if len(old_pred) != len(old) or len(new_pred) != len(old):
+            raise ValueError(f"old_pred/new_pred must have {len(old)} items, like old_correct")
+        differ = np.array([a != b for a, b in zip(old_pred, new_pred)], dtype=bool)
+        out["nfr_mc"] = ~new & differ
+    return out
+
+
+def btc(old_correct, new_correct) -> float | None:
+    """BTC = #{old right ∧ new right} / #{old right}; None when the old model is never right."""
+    old = _as_bool("old_correct", old_correct)
+    new = _as_bool("new_correct", new_correct)
+    n_old_right = int(old.sum())
+    return float((old & new).sum() / n_old_right) if n_old_right else None
+
+
 def flip_metrics(old_correct, new_correct, old_pred=None, new_pred=None, *, n_boot: int = 2000,
                  level: float = 0.95, seed: int | None = 0) -> dict:
     """Flip metrics of an update from an old to a new model on the same items.
@@ -66,37 +103,38 @@ def flip_metrics(old_correct, new_correct, old_pred=None, new_pred=None, *, n_bo
         (None when the old model is never right), `n_negative_flips`, `n_positive_flips`,
         `mcnemar_p`, `nfr_ci`, `pfr_ci`.
     """
-    old = _as_bool("old_correct", old_correct)
-    new = _as_bool("new_correct", new_correct)
-    if len(old) != len(new):
-        raise ValueError(f"old_correct has {len(old)} items but new_correct has {len(new)}")
+    flips = flip_indicators(old_correct, new_correct, old_pred, new_pred)
+    old, new = _as_bool("old_correct", old_correct), _as_bool("new_correct", new_correct)
     n = len(old)
     if n == 0:
         raise ValueError("flip_metrics needs at least one item")
-    negative, positive = old & ~new, ~old & new
-    nfr_mc = None
-    if (old_pred is None) != (new_pred is None):
-        raise ValueError("give both old_pred and new_pred, or neither")
-    if old_pred is not None:
-        if len(old_pred) != n or len(new_pred) != n:
-            raise ValueError(f"old_pred/new_pred must have {n} items, like old_correct")
-        differ = np.array([a != b for a, b in zip(old_pred, new_pred)], dtype=bool)
-        nfr_mc = float((~new & differ).mean())
-    n_old_right = int(old.sum())
+    negative, positive = flips["nfr"], flips["pfr"]
     return {
         "n": n,
         "old_acc": float(old.mean()),
         "new_acc": float(new.mean()),
         "nfr": float(negative.mean()),
         "pfr": float(positive.mean()),
-        "nfr_mc": nfr_mc,
-        "btc": float((old & new).sum() / n_old_right) if n_old_right else None,
+        "nfr_mc": float(flips["nfr_mc"].mean()) if "nfr_mc" in flips else None,
+        "btc": btc(old, new),
         "n_negative_flips": int(negative.sum()),
         "n_positive_flips": int(positive.sum()),
         "mcnemar_p": mcnemar_exact_p(int(negative.sum()), int(positive.sum())),
         "nfr_ci": bootstrap_rate_ci(negative, n_boot, level, seed),
         "pfr_ci": bootstrap_rate_ci(positive, n_boot, level, None if seed is None else seed + 1),
     }
+
+
+def mean_gain(delta) -> float | None:
+    """m_g: mean D over the items with D > 0; None when there is none."""
+    d = np.asarray(delta, dtype=float)
+    return float(d[d > 0].mean()) if (d > 0).any() else None
+
+
+def mean_regression(delta) -> float | None:
+    """m_r: mean |D| over the items with D < 0; None when there is none."""
+    d = np.asarray(delta, dtype=float)
+    return float(-d[d < 0].mean()) if (d < 0).any() else None
 
 
 def smooth_flip_metrics(delta, *, n_boot: int = 2000, level: float = 0.95, seed: int | None = 0) -> dict:
@@ -115,8 +153,8 @@ def smooth_flip_metrics(delta, *, n_boot: int = 2000, level: float = 0.95, seed:
         "n": len(d),
         "smooth_pfr": float(gain.mean()),
         "smooth_nfr": float(loss.mean()),
-        "m_g": float(d[gain].mean()) if gain.any() else None,
-        "m_r": float(np.abs(d[loss]).mean()) if loss.any() else None,
+        "m_g": mean_gain(d),
+        "m_r": mean_regression(d),
         "mean_delta": float(d.mean()),
         "smooth_nfr_ci": bootstrap_rate_ci(loss, n_boot, level, seed),
         "smooth_pfr_ci": bootstrap_rate_ci(gain, n_boot, level, None if seed is None else seed + 1),
@@ -141,16 +179,33 @@ def delta_metrics(reference: dict, compatible: dict) -> dict:
 
 
 def similarity_deltas(old_outputs: Sequence[str], new_outputs: Sequence[str],
-                      references: Sequence[str | Sequence[str]], similarity: str = "rouge1") -> np.ndarray:
-    """`D(x_i) = S(new_i, refs_i) − S(old_i, refs_i)` (N,) with S the similarity plugin `similarity`.
-    Each item may have several references; S is the best score over them."""
-    from .plugins import get_similarity
-
+                      references: Sequence[str | Sequence[str]], similarity: Similarity) -> np.ndarray:
+    """`D(x_i) = S(new_i, refs_i) − S(old_i, refs_i)` (N,) with S = `similarity(predictions, references)`
+    (a similarity function; `adaptguard.plugins.get_similarity` resolves a name such as "rouge1"). Each
+    item may have several references; S is the best score over them."""
     if not len(old_outputs) == len(new_outputs) == len(references):
         raise ValueError(f"old_outputs ({len(old_outputs)}), new_outputs ({len(new_outputs)}) and references "
                          f"({len(references)}) must have the same length")
-    score = get_similarity(similarity)
     refs = [[r] if isinstance(r, str) else list(r) for r in references]
-    old_s = np.asarray(score(list(old_outputs), refs), dtype=float)
-    new_s = np.asarray(score(list(new_outputs), refs), dtype=float)
+    old_s = np.asarray(similarity(list(old_outputs), refs), dtype=float)
+    new_s = np.asarray(similarity(list(new_outputs), refs), dtype=float)
     return new_s - old_s
+
+
+# ------------------------------------------------------------------ lm-eval aggregations (per-sample items)
+def btc_aggregation(items: list[tuple[float, float]]) -> float:
+    """BTC from per-sample (old_right, new_right) pairs (NaN when the old model is never right)."""
+    value = btc([o for o, _ in items], [n for _, n in items]) if items else None
+    return float("nan") if value is None else value
+
+
+def mean_positive(items: list[float]) -> float:
+    """m_g over per-sample D values (NaN when none is positive)."""
+    value = mean_gain(items)
+    return float("nan") if value is None else value
+
+
+def mean_negative_abs(items: list[float]) -> float:
+    """m_r over per-sample D values (NaN when none is negative)."""
+    value = mean_regression(items)
+    return float("nan") if value is None else value

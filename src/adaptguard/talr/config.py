@@ -5,7 +5,7 @@ from typing import Any
 
 from trl import SFTConfig
 
-from .losses import _check_floor
+from .losses import check_weight_floor
 
 
 @dataclass
@@ -80,7 +80,7 @@ class TALRConfig(SFTConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_floor(self.talr_weight_floor)
+        check_weight_floor(self.talr_weight_floor)
         if self.talr_tau is not None and not self.talr_tau > 0:
             raise ValueError(f"talr_tau must be > 0, or None for the dynamic median; got {self.talr_tau}")
         if self.flow_tau is not None and not self.flow_tau > 0:

@@ -1,5 +1,6 @@
-"""lm-evaluation-harness glue for the `compat_*` tasks: datasets, per-sample flip metrics against a
-reference run, and aggregations registered with the harness.
+"""lm-evaluation-harness glue for the `compat_*` tasks: datasets, per-sample flips against a reference run
+(by the formulas of `metrics`), the aggregations registered with the harness, and the gathered task folder of
+`adaptguard lm-eval`.
 
 A reference run is the `--output_path` directory (or a samples file) of an earlier lm-eval run of the
 same task (or of the harness's own task of the same dataset, e.g. `piqa` for `compat_piqa`) with
@@ -11,32 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
+import shutil
 from pathlib import Path
 
-from .runs import RunError, find_sample_files, read_task_run
+import numpy as np
+
+from .metrics import btc_aggregation, flip_indicators, mean_negative_abs, mean_positive, similarity_deltas
+from .runs import RunError, find_sample_files, prediction, read_task_run
 
 # task -> {doc_hash: reference sample record (filtered_resps + metrics)}
 _REFERENCES: dict[str, dict[str, dict]] = {}
-
-
-# ------------------------------------------------------------------------------------ aggregations
-def btc_aggregation(items: list[tuple[float, float]]) -> float:
-    """BTC = #{old right ∧ new right} / #{old right} from per-sample (old_right, new_right) pairs."""
-    old_right = [n for o, n in items if o]
-    return sum(old_right) / len(old_right) if old_right else float("nan")
-
-
-def mean_positive(items: list[float]) -> float:
-    """m_g: mean D over the samples with D > 0 (NaN when there is none)."""
-    pos = [d for d in items if d > 0]
-    return sum(pos) / len(pos) if pos else float("nan")
-
-
-def mean_negative_abs(items: list[float]) -> float:
-    """m_r: mean |D| over the samples with D < 0 (NaN when there is none)."""
-    neg = [-d for d in items if d < 0]
-    return sum(neg) / len(neg) if neg else float("nan")
 
 
 def _register() -> None:
@@ -119,75 +104,83 @@ def reference_for(task: str, doc: dict) -> dict | None:
 
 
 # ------------------------------------------------------------------------------- per-sample results
-def _argmax(values: list[float]) -> int:
-    return values.index(max(values))
-
-
-def flip_results(correct: bool, pred, ref_correct: bool, ref_pred) -> dict:
-    return {"nfr": float(ref_correct and not correct), "pfr": float(not ref_correct and correct),
-            "nfr_mc": float(not correct and pred != ref_pred), "btc": (float(ref_correct), float(correct))}
+def _flips(correct: bool, pred, ref_correct: bool, ref_pred) -> dict:
+    """This sample's flips against the reference run, by the formulas of `metrics.flip_indicators`; `btc`
+    is the (old right, new right) pair that the `compat_btc` aggregation reduces."""
+    flips = flip_indicators([ref_correct], [correct], [ref_pred], [pred])
+    return {**{k: float(v[0]) for k, v in flips.items()}, "btc": (float(ref_correct), float(correct))}
 
 
 def multiple_choice_results(task: str, doc: dict, results, gold: int, choices: list[str]) -> dict:
     """acc / acc_norm as lm-eval computes them, plus flips against the reference run."""
     lls = [float(r[0]) for r in results]
-    pred = _argmax(lls)
-    pred_norm = _argmax([ll / max(len(c), 1) for ll, c in zip(lls, choices)])
+    pred = prediction(results)
+    pred_norm = int(np.argmax([ll / max(len(c), 1) for ll, c in zip(lls, choices)]))  # lm-eval's acc_norm
     out = {"acc": float(pred == gold), "acc_norm": float(pred_norm == gold)}
     ref = reference_for(task, doc)
     if ref is not None:
-        ref_lls = [float(r[0]) for r in ref["filtered_resps"]]
-        ref_pred = _argmax(ref_lls)
-        out.update(flip_results(bool(out["acc"]), pred, ref_pred == gold, ref_pred))
+        ref_pred = prediction(ref["filtered_resps"])
+        out.update(_flips(bool(out["acc"]), pred, ref_pred == gold, ref_pred))
     return out
 
 
-GSM8K_IGNORE = [",", r"\$", r"(?s).*#### ", r"\.$"]
+def _text(response) -> str:
+    pred = prediction(response)
+    return pred if isinstance(pred, str) else ""
 
 
-def gsm8k_normalise(text: str) -> str:
-    """lm-eval's gsm8k exact_match normalisation (ignore_case, the task's regexes_to_ignore)."""
-    for pattern in GSM8K_IGNORE:
-        text = re.sub(pattern, "", text)
-    return text.strip().lower()
+def exact_match_results(task: str, doc: dict, results, target: str, *, regexes_to_ignore: list[str] | None = None,
+                        ignore_case: bool = False) -> dict:
+    """lm-eval's `exact_match` (its own `exact_match_hf_evaluate`, with the task's normalisation), plus flips
+    against the reference run."""
+    from lm_eval.api.metrics import exact_match_hf_evaluate
 
+    def correct(text: str) -> bool:
+        return bool(exact_match_hf_evaluate(predictions=[text], references=[target],
+                                            regexes_to_ignore=regexes_to_ignore, ignore_case=ignore_case)["exact_match"])
 
-def _first_text(resp) -> str:
-    while isinstance(resp, list):
-        resp = resp[0] if resp else ""
-    return str(resp)
-
-
-def exact_match_results(task: str, doc: dict, results, target: str) -> dict:
-    pred = gsm8k_normalise(_first_text(results))
-    gold = gsm8k_normalise(target)
-    out = {"exact_match": float(pred == gold)}
+    pred = _text(results)
+    out = {"exact_match": float(correct(pred))}
     ref = reference_for(task, doc)
     if ref is not None:
-        ref_pred = gsm8k_normalise(_first_text(ref["filtered_resps"]))
-        out.update(flip_results(bool(out["exact_match"]), pred, ref_pred == gold, ref_pred))
+        ref_pred = _text(ref["filtered_resps"])
+        out.update(_flips(bool(out["exact_match"]), pred, correct(ref_pred), ref_pred))
     return out
 
 
 def similarity_results(task: str, doc: dict, results, references: list[str], similarity: str = "rouge1") -> dict:
-    """The similarity score, plus smooth flips `D = S(new) − S(old)` against the reference run."""
-    from .plugins import get_similarity
+    """The similarity score, plus smooth flips `D = S(new) − S(old)` against the reference run (per sample:
+    `smooth_pfr`/`smooth_nfr` are the indicators D > 0 / D < 0; `m_g`/`m_r` carry D to their aggregations)."""
+    from ..plugins import get_similarity
 
     score = get_similarity(similarity)
-    text = _first_text(results)
-    s_new = float(score([text], [references])[0])
+    s_new = float(score([_text(results)], [references])[0])
     out = {similarity: s_new}
     ref = reference_for(task, doc)
     if ref is not None:
-        s_old = float(score([_first_text(ref["filtered_resps"])], [references])[0])
-        d = s_new - s_old
+        d = float(similarity_deltas([_text(ref["filtered_resps"])], [_text(results)], [references], score)[0])
         out.update({"smooth_pfr": float(d > 0), "smooth_nfr": float(d < 0), "m_g": d, "m_r": d})
     return out
 
 
-def task_dirs() -> list[Path]:
-    """Every lm-eval task directory contributed through the `adaptguard_lm_eval_task_dirs` hook."""
-    from .plugins import lm_eval_task_dirs
-
-    return lm_eval_task_dirs()
-
+def gathered_include_path(dirs: list[Path], into: Path) -> Path:
+    """One directory that holds every task directory of `dirs` (as `<i>-<name>/`), for lm-eval's single
+    `--include_path`. Files are symlinked (copied where symlinks are unavailable); directories are real, so
+    lm-eval's `**/*.yaml` scan finds them on every Python, and `!function utils.x` resolves next to each YAML."""
+    into.mkdir(parents=True, exist_ok=True)
+    for i, src in enumerate(dirs):
+        src = Path(src).resolve()
+        dest = into / f"{i}-{src.name}"
+        for path in sorted(src.rglob("*")):
+            if "__pycache__" in path.parts:
+                continue
+            target = dest / path.relative_to(src)
+            if path.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                target.symlink_to(path)
+            except OSError:
+                shutil.copy2(path, target)
+    return into

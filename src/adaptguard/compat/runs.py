@@ -133,6 +133,22 @@ def samples_from_records(records) -> dict[tuple[str, int], Sample]:
     return samples
 
 
+def prediction(response):
+    """The model's answer in an lm-eval response (`filtered_resps`, or `results` in `process_results`): the
+    index of the largest log-likelihood for multiple choice (a list of (loglikelihood, is_greedy) pairs;
+    the first maximum, as lm-eval's `acc`), else the first generated string ("" for an empty response);
+    None when the response is neither."""
+    if isinstance(response, (list, tuple)) and response and \
+            all(isinstance(r, (list, tuple)) and len(r) == 2 for r in response):
+        lls = [float(r[0]) for r in response]
+        return lls.index(max(lls))
+    while isinstance(response, (list, tuple)):
+        if not response:
+            return ""  # no generation at all: the empty answer
+        response = response[0]
+    return response if isinstance(response, str) else None
+
+
 def read_run(path: str | Path) -> dict[str, TaskRun]:
     """All tasks of one lm-eval run: {task: TaskRun}."""
     return {task: read_task_run(task, f) for task, f in find_sample_files(path).items()}

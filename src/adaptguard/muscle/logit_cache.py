@@ -42,11 +42,6 @@ def row_fingerprint(input_ids, labels) -> str:
     return hashlib.sha1(ids + b"|" + lab).hexdigest()
 
 
-def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
-    """(B, L) labels aligned with logits: position t holds the label logits[:, t] predicts (−100 at the end)."""
-    return torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
-
-
 def topk_entries(logits: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
     """Top-k log-probs/ids and log remaining mass at the scored positions of a batch, in row-major order.
 

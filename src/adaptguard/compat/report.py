@@ -1,0 +1,131 @@
+"""Rendering a compatibility report (`compare_runs`' dict): JSON, a text table, Markdown and the flip-quadrant
+figure; `write_outputs` writes them atomically."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..utils.figures import new_figure, save_figure
+from ..utils.files import atomic_write_text
+
+
+def _public(entry: dict) -> dict:
+    return {k: v for k, v in entry.items() if not k.startswith("_")}
+
+
+def _clean(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def to_json(report: dict) -> str:
+    return json.dumps(_clean({**report, "tasks": {k: _public(v) for k, v in report["tasks"].items()}}), indent=2)
+
+
+def _fmt(value, pct=False) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, (tuple, list)):
+        return f"[{_fmt(value[0], pct)}, {_fmt(value[1], pct)}]"
+    return f"{100 * value:.2f}" if pct else f"{value:.4g}"
+
+
+def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    header = ["task", "n", "old acc", "new acc", "NFR %", "NFR 95% CI", "PFR %", "NFR_mc %", "BTC", "McNemar p"]
+    smooth = any("similarity" in e for e in report["tasks"].values())
+    compat = report.get("compatible") is not None
+    if smooth:
+        header += ["S", "smooth NFR %", "smooth PFR %", "m_g", "m_r"]
+    if compat:
+        header += ["ΔNFR_c", "Δ%NFR_c"]
+    rows = []
+    for name, e in report["tasks"].items():
+        row = [name, str(e["n"]), _fmt(e.get("old_acc")), _fmt(e.get("new_acc")), _fmt(e.get("nfr"), True),
+               _fmt(e.get("nfr_ci"), True), _fmt(e.get("pfr"), True), _fmt(e.get("nfr_mc"), True),
+               _fmt(e.get("btc")), _fmt(e.get("mcnemar_p"))]
+        if smooth:
+            row += [e.get("similarity", "–"), _fmt(e.get("smooth_nfr"), True), _fmt(e.get("smooth_pfr"), True),
+                    _fmt(e.get("m_g")), _fmt(e.get("m_r"))]
+        if compat:
+            key = "delta_nfr" if "delta_nfr" in e else "delta_smooth_nfr"
+            row += [_fmt(e.get(key), True), _fmt(e.get(f"{key}_pct"))]
+        rows.append(row)
+    return header, rows
+
+
+def to_text(report: dict) -> str:
+    header, rows = table_rows(report)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def to_markdown(report: dict) -> str:
+    header, rows = table_rows(report)
+    lines = [f"# Compatibility: `{report['old']}` → `{report['new']}`", "",
+             "NFR/PFR = negative/positive flip rate, NFR_mc = inconsistency flips, BTC = backward trust "
+             "compatibility (paper 002 §3); McNemar = exact test on the discordant pairs.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot_quadrants(report: dict, path: Path) -> None:
+    """Flip quadrants per task (paper 002 Fig. 2/4): a 2×2 count grid for 0/1 metrics, a scatter of
+    S(old) vs S(new) coloured by gain/regression for similarity tasks."""
+    from matplotlib.patches import Rectangle
+
+    entries = list(report["tasks"].items())
+    cols = min(3, len(entries))
+    rows = math.ceil(len(entries) / cols)
+    fig = new_figure(figsize=(4.2 * cols, 3.8 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, (name, e) in zip(axes.flat, entries):
+        if e.get("_correct") is not None:
+            old, new = (np.asarray(v, dtype=bool) for v in e["_correct"])
+            grid = np.array([[(~old & new).sum(), (old & new).sum()], [(~old & ~new).sum(), (old & ~new).sum()]])
+            labels = [["positive flip", "both right"], ["both wrong", "negative flip"]]
+            colors = [["#b7e4c7", "#d8e2dc"], ["#e9ecef", "#f4a3a8"]]
+            for i in range(2):
+                for j in range(2):
+                    ax.add_patch(Rectangle((j, 1 - i), 1, 1, color=colors[i][j]))
+                    ax.text(j + 0.5, 1.5 - i, f"{labels[i][j]}\n{grid[i, j]} ({100 * grid[i, j] / e['n']:.1f}%)",
+                            ha="center", va="center", fontsize=9)
+            ax.set_xlim(0, 2)
+            ax.set_ylim(0, 2)
+            ax.set_xticks([0.5, 1.5], ["old wrong", "old right"])
+            ax.set_yticks([0.5, 1.5], ["new wrong", "new right"])
+        else:
+            d = e["_delta"]
+            ax.hist(d, bins=30, color="#adb5bd")
+            ax.axvline(0, color="black", lw=1)
+            ax.set_xlabel(f"D = {e['similarity']}(new) − {e['similarity']}(old)")
+            ax.set_ylabel("items")
+        ax.set_title(f"{name}\nNFR {_fmt(e.get('nfr', e.get('smooth_nfr')), True)}%  "
+                     f"PFR {_fmt(e.get('pfr', e.get('smooth_pfr')), True)}%", fontsize=9)
+    for ax in list(axes.flat)[len(entries):]:
+        ax.axis("off")
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+
+
+def write_outputs(report: dict, json_path=None, markdown_path=None, plot_path=None) -> None:
+    """Render everything first, then write each file atomically (no half-written report)."""
+    rendered = []
+    if json_path:
+        rendered.append((Path(json_path), to_json(report)))
+    if markdown_path:
+        rendered.append((Path(markdown_path), to_markdown(report)))
+    for path, text in rendered:
+        atomic_write_text(path, text)
+    if plot_path:
+        plot_quadrants(report, Path(plot_path))

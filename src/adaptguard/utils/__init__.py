@@ -1,0 +1,1 @@
+"""Small shared utilities: atomic writes, figures, label shifting, dataset loading, torch threads."""
