@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from adaptguard.compare import compare_runs
+    from adaptguard.compat.compare import compare_runs
 
     with tempfile.TemporaryDirectory() as tmp:
         old, new = write_run(Path(tmp), args.n, 1, 0.3), write_run(Path(tmp), args.n, 2, 0.25)

@@ -1,4 +1,4 @@
-"""CompatTrainer (MUSCLE) vs plain LoRA SFTTrainer steps on the same model, in one run.
+"""MUSCLETrainer vs plain LoRA SFTTrainer steps on the same model, in one run.
 
     python benchmarks/bench_muscle.py                 # vocab 32k, seq 256, batch 4, 20 rounds
     python benchmarks/bench_muscle.py --steps 40 --seq 512
@@ -36,7 +36,7 @@ def setup(root: Path, args) -> dict:
     from tokenizers import Tokenizer, models
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from adaptguard.logit_cache import cache_logits_for_training
+    from adaptguard.muscle.logit_cache import cache_logits_for_training
 
     vocab = {f"t{i}": i for i in range(args.vocab)}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
@@ -76,7 +76,7 @@ def build(variant: str, root: Path, args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from adaptguard import CompatConfig, CompatTrainer
+    from adaptguard import MUSCLEConfig, MUSCLETrainer
 
     data = load_from_disk(str(root / "data"))
     tok = AutoTokenizer.from_pretrained(root / "v2")
@@ -90,7 +90,7 @@ def build(variant: str, root: Path, args):
                                                     task_type="CAUSAL_LM"))
     else:
         extra = {"old_model": str(root / "v1")} if variant == "muscle" else {"old_logits_cache": str(root / "cache")}
-        trainer = CompatTrainer(model=str(root / "v2"), args=CompatConfig(new_adapter=str(root / "v2_adapter"),
+        trainer = MUSCLETrainer(model=str(root / "v2"), args=MUSCLEConfig(new_adapter=str(root / "v2_adapter"),
                                                                           **extra, **common),
                                 train_dataset=data, processing_class=tok)
     trainer.create_optimizer_and_scheduler(num_training_steps=10_000)

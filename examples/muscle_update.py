@@ -1,7 +1,7 @@
 # Copyright 2026 The adaptguard developers. Licensed under the Apache License, Version 2.0.
 """
 MUSCLE (paper 002): train a compatibility adapter so that the task model on an updated base keeps the
-old task model's right answers. In TRL's example style: `CompatConfig` extends `SFTConfig`.
+old task model's right answers. In TRL's example style: `MUSCLEConfig` extends `SFTConfig`.
 
 You have: the new base model (v2), its task LoRA adapter, and the old task model (v1 base + adapter).
 
@@ -37,16 +37,16 @@ python examples/muscle_update.py \
 def main(script_args, training_args):
     from datasets import Dataset, load_dataset
 
-    from adaptguard import CompatTrainer
+    from adaptguard import MUSCLETrainer
 
     if script_args.dataset_name == "embedded:domain":
-        from adaptguard.embedded import domain_split
+        from adaptguard.experiments.embedded import domain_split
 
         train = Dataset.from_list(domain_split()[0])
     else:
         train = load_dataset(script_args.dataset_name, name=script_args.dataset_config,
                              split=script_args.dataset_train_split)
-    trainer = CompatTrainer(model=script_args.model_name_or_path, args=training_args, train_dataset=train)
+    trainer = MUSCLETrainer(model=script_args.model_name_or_path, args=training_args, train_dataset=train)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # only the compatibility adapter; the frozen new-teacher copy stays out of the saved model
     trainer.model.save_pretrained(training_args.output_dir, selected_adapters=["default"])
@@ -58,11 +58,11 @@ if __name__ == "__main__":
 
     from trl import ScriptArguments, TrlParser
 
-    from adaptguard import CompatConfig
+    from adaptguard import MUSCLEConfig
 
     @dataclass
     class Args(ScriptArguments):
         model_name_or_path: str = field(default=None, metadata={"help": "The new (v2) base model."})
 
-    script_args, training_args = TrlParser((Args, CompatConfig)).parse_args_and_config()
+    script_args, training_args = TrlParser((Args, MUSCLEConfig)).parse_args_and_config()
     main(script_args, training_args)

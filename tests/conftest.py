@@ -12,7 +12,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def embedded_path() -> Path:
-    from adaptguard.embedded import embedded_model_path
+    from adaptguard.experiments.embedded import embedded_model_path
 
     return embedded_model_path("tiny")
 

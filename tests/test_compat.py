@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from adaptguard.compat import (
+from adaptguard.compat.metrics import (
     bootstrap_rate_ci,
     delta_metrics,
     flip_metrics,
@@ -98,7 +98,7 @@ def test_builtin_similarities():
     assert get_similarity("bleu")(["the quick brown fox jumps"], [["the quick brown fox jumps"]])[0] == \
         pytest.approx(1.0)
     assert get_similarity("rougeL")(["b a"], [["a b"]])[0] == pytest.approx(0.5)
-    d = similarity_deltas(["the cat", "a dog"], ["the cat sat", "dog"], ["the cat sat", ["a dog"]])
+    d = similarity_deltas(["the cat", "a dog"], ["the cat sat", "dog"], ["the cat sat", ["a dog"]], rouge1)
     np.testing.assert_allclose(d, [1.0 - 0.8, (2 / 3) - 1.0])
 
 

@@ -7,7 +7,6 @@ import sys
 from importlib.metadata import entry_points
 
 import pytest
-
 from conftest import ROOT
 
 GEN = ["--gen_kwargs", "max_gen_toks=16"]

@@ -3,9 +3,8 @@ import sys
 
 import pytest
 import torch
-from datasets import Dataset
-
 from conftest import ROOT, free_port
+from datasets import Dataset
 from test_talr_trainer import ROWS
 
 
@@ -42,21 +41,21 @@ def update(tmp_path_factory, embedded_path):
 
 
 def compat_args(out, new_adapter, **kw):
-    from adaptguard import CompatConfig
+    from adaptguard import MUSCLEConfig
 
     base = dict(output_dir=str(out), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none",
                 save_strategy="no", logging_steps=1, per_device_train_batch_size=8, disable_tqdm=True, seed=0,
                 new_adapter=str(new_adapter))
     base.update(kw)
-    return CompatConfig(**base)
+    return MUSCLEConfig(**base)
 
 
 def make_trainer(embedded_path, update, out, **kw):
     from transformers import AutoTokenizer
 
-    from adaptguard import CompatTrainer
+    from adaptguard import MUSCLETrainer
 
-    return CompatTrainer(model=str(embedded_path), args=compat_args(out, update / "v2_adapter",
+    return MUSCLETrainer(model=str(embedded_path), args=compat_args(out, update / "v2_adapter",
                                                                     old_model=str(update / "v1_task"), **kw),
                          train_dataset=Dataset.from_list(ROWS), processing_class=AutoTokenizer.from_pretrained(embedded_path))
 
@@ -65,7 +64,7 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from adaptguard.losses import muscle_token_loss
+    from adaptguard.muscle.losses import muscle_token_loss
 
     trainer = make_trainer(embedded_path, update, tmp_path, temperature=2.0, ce_weight=0.5)
     # make the student differ from its initial (= new teacher) weights, as after some training
@@ -94,7 +93,7 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path):
 
 
 def test_training_moves_only_the_student_adapter(embedded_path, update, tmp_path):
-    from adaptguard.compat_trainer import NEW_TEACHER
+    from adaptguard.muscle.trainer import NEW_TEACHER
 
     trainer = make_trainer(embedded_path, update, tmp_path, max_steps=3, learning_rate=1e-2)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -171,19 +170,19 @@ def test_bad_input_fails_before_training(embedded_path, update, tmp_path):
     from tokenizers import Tokenizer, models
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from adaptguard import CompatTrainer
+    from adaptguard import MUSCLETrainer
 
     tok = AutoTokenizer.from_pretrained(embedded_path)
     data = Dataset.from_list(ROWS)
     with pytest.raises(ValueError, match="known masks"):
         make_trainer(embedded_path, update, tmp_path, mask="nope")
     with pytest.raises(ValueError, match="no PEFT adapter"):
-        CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path, tmp_path / "missing",
+        MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path, tmp_path / "missing",
                                                                  old_model=str(update / "v1_task")),
                       train_dataset=data, processing_class=tok)
     make_adapter(embedded_path, tmp_path / "ia3", seed=3, kind="ia3")
     with pytest.raises(ValueError, match="LoRA"):
-        CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path, tmp_path / "ia3",
+        MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path, tmp_path / "ia3",
                                                                  old_model=str(update / "v1_task")),
                       train_dataset=data, processing_class=tok)
     vocab = dict(tok.get_vocab())
@@ -192,11 +191,11 @@ def test_bad_input_fails_before_training(embedded_path, update, tmp_path):
     from transformers import AutoModelForCausalLM
 
     with pytest.raises(ValueError, match="map tokens differently"):
-        CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path, update / "v2_adapter"),
+        MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path, update / "v2_adapter"),
                       old_model=AutoModelForCausalLM.from_pretrained(update / "v1_task"), old_processing_class=other,
                       train_dataset=data, processing_class=tok)
     with pytest.raises(ValueError, match="old \\(v1\\) task model"):
-        CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path, update / "v2_adapter"),
+        MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path, update / "v2_adapter"),
                       train_dataset=data, processing_class=tok)
     with pytest.raises(ValueError, match="temperature"):
         compat_args(tmp_path, update / "v2_adapter", temperature=0.0)
@@ -205,7 +204,7 @@ def test_bad_input_fails_before_training(embedded_path, update, tmp_path):
 def test_cache_with_full_vocabulary_equals_online_teacher(embedded_path, update, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adaptguard import CompatTrainer
+    from adaptguard import MUSCLETrainer
 
     tok = AutoTokenizer.from_pretrained(embedded_path)
     vocab = AutoModelForCausalLM.from_pretrained(embedded_path).config.vocab_size
@@ -221,7 +220,7 @@ def test_cache_with_full_vocabulary_equals_online_teacher(embedded_path, update,
     assert json.loads((cache / "cache.json").read_text())["rows"] == len(ROWS)
 
     online = make_trainer(embedded_path, update, tmp_path / "online", ce_weight=0.3)
-    cached = CompatTrainer(model=str(embedded_path),
+    cached = MUSCLETrainer(model=str(embedded_path),
                            args=compat_args(tmp_path / "cached", update / "v2_adapter", old_logits_cache=str(cache),
                                             ce_weight=0.3),
                            train_dataset=Dataset.from_list(ROWS), processing_class=tok)
@@ -237,8 +236,8 @@ def test_cache_with_full_vocabulary_equals_online_teacher(embedded_path, update,
 def test_topk_cache_approximates_and_fingerprints_are_checked(embedded_path, update, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adaptguard import CompatTrainer
-    from adaptguard.logit_cache import cache_logits_for_training
+    from adaptguard import MUSCLETrainer
+    from adaptguard.muscle.logit_cache import cache_logits_for_training
 
     tok = AutoTokenizer.from_pretrained(embedded_path)
     old = AutoModelForCausalLM.from_pretrained(update / "v1_task")
@@ -248,19 +247,19 @@ def test_topk_cache_approximates_and_fingerprints_are_checked(embedded_path, upd
     errors = []
     for k in (8, 128):
         cache = cache_logits_for_training(old, tok, Dataset.from_list(ROWS), tmp_path / f"c{k}", k=k)
-        cached = CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path / f"cached{k}", update / "v2_adapter",
+        cached = MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path / f"cached{k}", update / "v2_adapter",
                                                                           old_logits_cache=str(cache)),
                                train_dataset=Dataset.from_list(ROWS), processing_class=tok)
         errors.append(abs(cached.compute_loss(cached.model, dict(batch)).item() - exact))
     assert errors[1] < errors[0]  # the top-k approximation tightens as k grows (k = V is exact: test above)
     other_rows = [{"prompt": r["prompt"] + " extra", "completion": r["completion"]} for r in ROWS]
     with pytest.raises(ValueError, match="not in the cache"):
-        CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path / "x", update / "v2_adapter",
+        MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path / "x", update / "v2_adapter",
                                                                  old_logits_cache=str(cache)),
                       train_dataset=Dataset.from_list(other_rows), processing_class=tok)
     with pytest.raises(ValueError, match="not an adaptguard logit cache"):
         compat_args(tmp_path / "y", update / "v2_adapter", old_logits_cache=str(tmp_path)) and \
-            CompatTrainer(model=str(embedded_path), args=compat_args(tmp_path / "y", update / "v2_adapter",
+            MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path / "y", update / "v2_adapter",
                                                                      old_logits_cache=str(tmp_path)),
                           train_dataset=Dataset.from_list(ROWS), processing_class=tok)
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from adaptguard.compose_demo import (
+from adaptguard.experiments.composition import (
     PRESETS,
     CompositionConfig,
     answer_labels,

@@ -12,6 +12,8 @@ import pytest
 from datasets import Dataset, load_from_disk
 
 from adaptguard import drift
+from adaptguard.drift import data as drift_data
+from adaptguard.utils.files import write_dataset
 
 TASKS = Path(__file__).resolve().parents[1] / "lm_eval_tasks" / "drift_bsc"
 
@@ -183,7 +185,7 @@ def test_next_bit_docs_rebuild_the_training_text():
     for d in docs:
         assert d["context"] + d["choices"][d["label"]] == drift.bits_to_text(c[: d["t"] + 1])
         assert d["label"] == c[d["t"]]
-    ds = drift.next_bit_dataset(seed=2, length=12)["test"]
+    ds = drift_data.next_bit_dataset(seed=2, length=12)["test"]
     assert ds.to_list() == docs
 
 
@@ -225,12 +227,12 @@ def texts_dataset():
 
 @pytest.mark.parametrize("r", [0.3, 0.7])
 def test_corrupt_to_similarity_kept_fraction(texts_dataset, tokenizer, r):
-    out = drift.corrupt_to_similarity(texts_dataset, r, tokenizer, length=64, seed=0)
+    out = drift_data.corrupt_to_similarity(texts_dataset, r, tokenizer, length=64, seed=0)
     original = tokenizer(list(texts_dataset["text"]), add_special_tokens=False)["input_ids"]
     n = sum(len(ids) for ids in original)
     assert list(out["id"]) == list(texts_dataset["id"])
     assert [len(ids) for ids in out["input_ids"]] == [len(ids) for ids in original]
-    assert abs(drift.kept_fraction(out) - r) < 4 * math.sqrt(r * (1 - r) / n)
+    assert abs(drift_data.kept_fraction(out) - r) < 4 * math.sqrt(r * (1 - r) / n)
     equal = sum(int(np.sum(np.array(a) == np.array(b))) for a, b in zip(out["input_ids"], original))
     assert equal >= sum(out["n_kept"])  # substituted tokens may coincide with the originals
     assert set(out["string_index"]) == set(range(8))
@@ -238,9 +240,9 @@ def test_corrupt_to_similarity_kept_fraction(texts_dataset, tokenizer, r):
 
 
 def test_corrupt_to_similarity_extremes_and_seed(texts_dataset, tokenizer):
-    same = drift.corrupt_to_similarity(texts_dataset, 1.0, tokenizer, length=64)
-    assert list(same["text"]) == list(texts_dataset["text"]) and drift.kept_fraction(same) == 1.0
-    noise = drift.corrupt_to_similarity(texts_dataset, 0.0, tokenizer, length=64)
+    same = drift_data.corrupt_to_similarity(texts_dataset, 1.0, tokenizer, length=64)
+    assert list(same["text"]) == list(texts_dataset["text"]) and drift_data.kept_fraction(same) == 1.0
+    noise = drift_data.corrupt_to_similarity(texts_dataset, 0.0, tokenizer, length=64)
     assert sum(noise["n_kept"]) == 0
     vocab = {t for ids in tokenizer(list(texts_dataset["text"]), add_special_tokens=False)["input_ids"] for t in ids}
     assert {t for ids in noise["input_ids"] for t in ids} <= vocab
@@ -249,15 +251,15 @@ def test_corrupt_to_similarity_extremes_and_seed(texts_dataset, tokenizer):
         ref = first_of.setdefault(s, ids)
         m = min(len(ref), len(ids))
         assert ids[:m] == ref[:m]
-    a = drift.corrupt_to_similarity(texts_dataset, 0.5, tokenizer, length=64, seed=3)
-    assert list(a["text"]) == list(drift.corrupt_to_similarity(texts_dataset, 0.5, tokenizer, length=64, seed=3)["text"])
-    assert list(a["text"]) != list(drift.corrupt_to_similarity(texts_dataset, 0.5, tokenizer, length=64, seed=4)["text"])
+    a = drift_data.corrupt_to_similarity(texts_dataset, 0.5, tokenizer, length=64, seed=3)
+    assert list(a["text"]) == list(drift_data.corrupt_to_similarity(texts_dataset, 0.5, tokenizer, length=64, seed=3)["text"])
+    assert list(a["text"]) != list(drift_data.corrupt_to_similarity(texts_dataset, 0.5, tokenizer, length=64, seed=4)["text"])
     with pytest.raises(ValueError, match="text_column: column 'body'"):
-        drift.corrupt_to_similarity(texts_dataset, 0.5, tokenizer, text_column="body")
+        drift_data.corrupt_to_similarity(texts_dataset, 0.5, tokenizer, text_column="body")
     with pytest.raises(ValueError, match="r:"):
-        drift.corrupt_to_similarity(texts_dataset, 1.5, tokenizer)
+        drift_data.corrupt_to_similarity(texts_dataset, 1.5, tokenizer)
     with pytest.raises(ValueError, match="n_strings:"):
-        drift.corrupt_to_similarity(texts_dataset, 0.5, tokenizer, n_strings=0)
+        drift_data.corrupt_to_similarity(texts_dataset, 0.5, tokenizer, n_strings=0)
 
 
 # --- Table C2 prompt styles -----------------------------------------------------------------
@@ -287,9 +289,9 @@ def math_row():
 
 
 def test_prompt_styles_match_table_c2(math_row):
-    assert sorted(s.index for s in drift.PROMPT_STYLES.values()) == list("abcdefghi")
-    for name, style in drift.PROMPT_STYLES.items():
-        row = drift.reformat_prompt_style(math_row, name, question_column="problem", answer_column="solution")[0]
+    assert sorted(s.index for s in drift_data.PROMPT_STYLES.values()) == list("abcdefghi")
+    for name, style in drift_data.PROMPT_STYLES.items():
+        row = drift_data.reformat_prompt_style(math_row, name, question_column="problem", answer_column="solution")[0]
         assert " ".join(row["text"].split()) == _plain(TABLE_C2[style.index]), name
         assert row["text"] == row["prompt"] + row["completion"] and row["n"] == 1
         assert not row["prompt"][-1].isspace()
@@ -297,41 +299,41 @@ def test_prompt_styles_match_table_c2(math_row):
 
 def test_prompt_styles_hand_output(math_row):
     kw = {"question_column": "problem", "answer_column": "solution"}
-    row = drift.reformat_prompt_style(math_row, "question_quoted_solution", **kw)[0]
+    row = drift_data.reformat_prompt_style(math_row, "question_quoted_solution", **kw)[0]
     assert (row["prompt"], row["completion"]) == ("Question: 'Solve 24 = 1601*c - 1605*c for c.'\nSolution:", ' "-6"')
-    row = drift.reformat_prompt_style(math_row, "python_function", **kw)[0]
+    row = drift_data.reformat_prompt_style(math_row, "python_function", **kw)[0]
     assert row["text"] == 'def solve_linear_equation():\n    """ Solve 24 = 1601*c - 1605*c for c. """\n    return (-6)'
 
 
 def test_prompt_style_bad_input(math_row):
     with pytest.raises(ValueError, match=r"style: unknown prompt style 'z'.*'python_function'"):
-        drift.reformat_prompt_style(math_row, "z", question_column="problem", answer_column="solution")
+        drift_data.reformat_prompt_style(math_row, "z", question_column="problem", answer_column="solution")
     with pytest.raises(ValueError, match="question_column: column 'question'"):
-        drift.reformat_prompt_style(math_row, "answer", answer_column="solution")
+        drift_data.reformat_prompt_style(math_row, "answer", answer_column="solution")
     with pytest.raises(ValueError, match="answer_column: column 'answer'"):
-        drift.reformat_prompt_style(math_row, "answer", question_column="problem")
+        drift_data.reformat_prompt_style(math_row, "answer", question_column="problem")
 
 
 # --- write_dataset --------------------------------------------------------------------------
 
 def test_write_dataset_jsonl_and_directory(tmp_path):
     ds = Dataset.from_dict({"text": ["a", "ü b"], "input_ids": [[1, 2], [3]]})
-    path = drift.write_dataset(ds, tmp_path / "out" / "d.jsonl")
+    path = write_dataset(ds, tmp_path / "out" / "d.jsonl")
     assert [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] == ds.to_list()
     target = tmp_path / "out" / "d"
-    drift.write_dataset(ds, target)
-    drift.write_dataset(ds.select([1]), target)  # replaces the older directory
+    write_dataset(ds, target)
+    write_dataset(ds.select([1]), target)  # replaces the older directory
     assert load_from_disk(str(target)).to_list() == ds.select([1]).to_list()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["d", "d.jsonl"]  # no temp leftovers
-    drift.write_dataset(ds.select([0]), path)  # a .jsonl file is replaced
+    write_dataset(ds.select([0]), path)  # a .jsonl file is replaced
     assert len(path.read_text().splitlines()) == 1
     (tmp_path / "plain").write_text("keep")
     with pytest.raises(ValueError, match="path: .* is a file"):
-        drift.write_dataset(ds, tmp_path / "plain")
+        write_dataset(ds, tmp_path / "plain")
     assert (tmp_path / "plain").read_text() == "keep"
     (tmp_path / "x.jsonl").mkdir()
     with pytest.raises(ValueError, match="path: .* is a directory"):
-        drift.write_dataset(ds, tmp_path / "x.jsonl")
+        write_dataset(ds, tmp_path / "x.jsonl")
 
 
 # --- lm-eval tasks through the real CLI -----------------------------------------------------
@@ -362,6 +364,6 @@ def test_drift_bsc_tasks_lm_eval_cli(embedded_path, tmp_path):
 
     (sm_file,) = tmp_path.rglob("samples_drift_bsc_samples_2*.jsonl")
     logged = [json.loads(line) for line in sm_file.read_text().splitlines()]
-    assert [r["doc"] for r in logged] == drift.bsc_sample_dataset(seed=3, length=16)["test"].to_list()[:5]
+    assert [r["doc"] for r in logged] == drift_data.bsc_sample_dataset(seed=3, length=16)["test"].to_list()[:5]
     for r in logged:
         assert r["nll_per_bit"] == pytest.approx(-float(r["filtered_resps"][0]) / r["doc"]["n_bits"])

@@ -14,7 +14,7 @@ def write_jsonl(path, rows):
 
 
 def test_drift_bound_prints_the_maximiser_below_half_and_writes_the_plot(tmp_path, capsys):
-    from adaptguard.drift import theorem_a2_argmax
+    from adaptguard.drift.theory import theorem_a2_argmax
 
     out = tmp_path / "bound.png"
     assert main(["drift", "bound", "--n", "200", "--d", "16", "--mu-l", "0.1", "--out", str(out)]) == 0
@@ -60,7 +60,7 @@ def test_drift_corrupt_bad_r_exits_2_without_output(tmp_path, embedded_path, cap
 
 
 def test_drift_styles_writes_the_reformatted_dataset(tmp_path, capsys):
-    from adaptguard.drift import PROMPT_STYLES
+    from adaptguard.drift.data import PROMPT_STYLES
 
     data = write_jsonl(tmp_path / "qa.jsonl", [{"question": "2 + 2?", "answer": "4"}, {"question": "3 + 3?", "answer": "6"}])
     out = tmp_path / "styled.jsonl"
@@ -114,7 +114,7 @@ def test_select_cli_unknown_dataset_exits_2(tmp_path, embedded_path, capsys):
 def test_drift_experiment_cli_writes_the_sweep(tmp_path, monkeypatch, capsys):
     import torch
 
-    from adaptguard import drift_experiment
+    from adaptguard.experiments import drift as drift_experiment
 
     threads_before = torch.get_num_threads()
     # a micro sweep through the real command: the CLI passes --quick through to the quick preset
@@ -134,7 +134,7 @@ def test_written_datasets_are_readable_by_others(tmp_path):
 
     import datasets
 
-    from adaptguard.files import atomic_write_text, write_dataset
+    from adaptguard.utils.files import atomic_write_text, write_dataset
 
     data = datasets.Dataset.from_dict({"text": ["a", "b"]})
     for target in (write_dataset(data, tmp_path / "d.jsonl"), write_dataset(data, tmp_path / "d")):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from adaptguard import drift
-from adaptguard import drift_experiment as dx
+from adaptguard.experiments import drift as dx
 
 # a configuration small enough for a test: 1 layer, width 16, 30 steps
 MICRO = {"similarities": (0.0, 0.5), "repetitions": 2, "length": 16, "n0": 240, "n1": 40, "n_layer": 1,

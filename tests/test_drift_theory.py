@@ -8,7 +8,8 @@ from itertools import product
 import numpy as np
 import pytest
 
-from adaptguard.drift_theory import plot_theorem_a2, theorem_a2_argmax, theorem_a2_curve, theorem_a2_sums
+from adaptguard.drift.plots import plot_theorem_a2
+from adaptguard.drift.theory import theorem_a2_argmax, theorem_a2_curve, theorem_a2_sums
 
 # (n, d, alpha_i, alpha_j, delta, k_mis, lambda_l, mu_l); per-l arrays have length n - 1
 CASES = [

@@ -3,12 +3,11 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 
 def test_tokenizer_is_deterministic_and_round_trips():
-    from adaptguard.embedded import EMBEDDED_MODELS, build_tokenizer
+    from adaptguard.experiments.embedded import EMBEDDED_MODELS, build_tokenizer
 
     spec = EMBEDDED_MODELS["tiny"]
     a, b = build_tokenizer(spec), build_tokenizer(spec)
@@ -21,8 +20,13 @@ def test_tokenizer_is_deterministic_and_round_trips():
 
 
 def test_embedded_model_has_general_abilities_and_lacks_the_domain(tiny):
-    from adaptguard.demo import general_scores
-    from adaptguard.embedded import EMBEDDED_MODELS, domain_split, exact_match_score, general_probes
+    from adaptguard.experiments.demo import general_scores
+    from adaptguard.experiments.embedded import (
+        EMBEDDED_MODELS,
+        domain_split,
+        exact_match_score,
+        general_probes,
+    )
 
     model, tok = tiny
     spec = EMBEDDED_MODELS["tiny"]
@@ -33,7 +37,7 @@ def test_embedded_model_has_general_abilities_and_lacks_the_domain(tiny):
 
 
 def test_domain_split_holds_out_entities():
-    from adaptguard.embedded import domain_split
+    from adaptguard.experiments.embedded import domain_split
 
     train, test = domain_split(n_train=300)
     assert len(train) == 300
@@ -41,7 +45,7 @@ def test_domain_split_holds_out_entities():
 
 
 def test_embedded_path_is_cached(embedded_path):
-    from adaptguard.embedded import embedded_model_path
+    from adaptguard.experiments.embedded import embedded_model_path
 
     before = (embedded_path / "model.safetensors").stat().st_mtime_ns
     assert embedded_model_path("tiny") == embedded_path
@@ -51,7 +55,11 @@ def test_embedded_path_is_cached(embedded_path):
 def test_embedded_build_is_the_recorded_one(embedded_path):
     """The build runs with fixed kernels and one thread (`BUILD_ENV`), whatever this process's settings: under
     `.ci/shake` (scalar, avx2, avx512 kernels; 1 and 2 threads) every build must give the recorded weights."""
-    from adaptguard.embedded import embedded_model_path, recorded_fingerprint, weights_fingerprint
+    from adaptguard.experiments.embedded import (
+        embedded_model_path,
+        recorded_fingerprint,
+        weights_fingerprint,
+    )
 
     expected = {name: recorded_fingerprint(name) for name in ("tiny", "tiny-v2")}
     if None in expected.values():
@@ -66,7 +74,7 @@ def test_weights_fingerprint_sees_one_changed_bit(tmp_path, embedded_path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from adaptguard.embedded import weights_fingerprint
+    from adaptguard.experiments.embedded import weights_fingerprint
 
     copy = tmp_path / "copy"
     shutil.copytree(embedded_path, copy)
@@ -81,14 +89,14 @@ def test_weights_fingerprint_sees_one_changed_bit(tmp_path, embedded_path):
 
 
 def test_unknown_embedded_name():
-    from adaptguard.embedded import embedded_model_path
+    from adaptguard.experiments.embedded import embedded_model_path
 
     with pytest.raises(ValueError, match=r"known: \['tiny', 'tiny-v2'\]"):
         embedded_model_path("huge")
 
 
 def test_exact_match_score():
-    from adaptguard.embedded import exact_match_score
+    from adaptguard.experiments.embedded import exact_match_score
 
     with pytest.raises(ValueError, match="at least one row"):
         exact_match_score(None, None, [])

@@ -1,5 +1,6 @@
-"""The separately installable plugin plugins/adaptguard-embedding-similarity, installed into the test
-venv with pip and used by name (in subprocesses, which load entry points afresh)."""
+"""The separately installable plugin plugins/adaptguard-embedding-similarity, installed with pip into a temporary
+target directory (never into the running environment) and used by name in subprocesses that have that directory on
+their path (entry points are read from its dist-info)."""
 
 import json
 import subprocess
@@ -7,24 +8,32 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
 
 PLUGIN = ROOT / "plugins" / "adaptguard-embedding-similarity"
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
+def installed(tmp_path_factory) -> dict:
+    """The environment of a subprocess that sees the plugin (installed into a temporary --target)."""
+    import os
     import shutil
 
     source = tmp_path_factory.mktemp("plugin") / PLUGIN.name  # build outside the repository tree
     shutil.copytree(PLUGIN, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    target = tmp_path_factory.mktemp("site")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    proc = subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(source)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", "--target", str(target),
+                           str(source)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    yield
-    subprocess.run([*pip, "uninstall", "-y", "adaptguard-embedding-similarity"], capture_output=True, timeout=600)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
+
+
+def test_the_plugin_is_not_in_the_running_environment(installed):
+    from importlib.metadata import PackageNotFoundError, version
+
+    with pytest.raises(PackageNotFoundError):
+        version("adaptguard-embedding-similarity")
 
 
 def independent_cosines(pred, refs):
@@ -51,7 +60,7 @@ def test_embedding_similarity_by_name(installed):
             "s = get_similarity('embedding_cosine'); "
             "print(json.dumps(s(['a cat sits on the mat', 'stock prices fell'], "
             "[['the cat is on the mat'], ['a dog barks', 'markets dropped sharply']])))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=installed)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     want = [independent_cosines("a cat sits on the mat", ["the cat is on the mat"]),
@@ -63,7 +72,7 @@ def test_embedding_similarity_by_name(installed):
 def test_compare_with_embedding_similarity(installed, lm_runs, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "compare", str(lm_runs / "old"),
                            str(lm_runs / "new"), "--similarity", "embedding_cosine", "--json", str(tmp_path / "e.json")],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=installed)
     assert proc.returncode == 0, proc.stderr[-2000:]
     entry = json.loads((tmp_path / "e.json").read_text())["tasks"]["t_gsm"]
     assert entry["similarity"] == "embedding_cosine"

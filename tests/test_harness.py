@@ -1,10 +1,11 @@
 import json
 import math
+from pathlib import Path
 
 import pytest
 from datasets import Dataset
 
-from adaptguard import harness
+from adaptguard.compat import harness
 
 
 def test_aggregations():
@@ -45,12 +46,27 @@ def test_per_sample_flips_against_a_reference(monkeypatch):
         harness.multiple_choice_results("compat_piqa", other, [(-1.0, False), (-2.0, True)], 0, ["a", "b"])
 
 
+def _task_utils(folder: str):
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location(f"{folder}_utils", ROOT / "lm_eval_tasks" / folder / "utils.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_gsm8k_exact_match_and_smooth_flips(monkeypatch):
+    utils = _task_utils("compat")
+    # read from the installed lm-eval's gsm8k.yaml: the settings its own gsm8k task scores exact_match with
+    assert utils.GSM8K_EXACT_MATCH == {"regexes_to_ignore": [",", "\\$", "(?s).*#### ", "\\.$"], "ignore_case": True}
     doc = {"question": "q", "answer": "work\n#### 1,234"}
-    assert harness.gsm8k_normalise("work\n#### 1,234") == "1234"
     monkeypatch.setitem(harness._REFERENCES, "compat_gsm8k", {harness.doc_hash(doc): {"filtered_resps": ["99"]}})
-    out = harness.exact_match_results("compat_gsm8k", doc, ["1234."], doc["answer"])
+    out = utils.gsm8k_results(doc, ["1234."])  # "," and the final "." ignored, as lm-eval's gsm8k does
     assert out == {"exact_match": 1.0, "nfr": 0.0, "pfr": 1.0, "nfr_mc": 0.0, "btc": (0.0, 1.0)}
+    out = utils.gsm8k_results(doc, ["1,235"])
+    assert out == {"exact_match": 0.0, "nfr": 0.0, "pfr": 0.0, "nfr_mc": 1.0, "btc": (0.0, 0.0)}
 
     sdoc = {"id": "1", "dialogue": "d", "summary": "the cat sat down"}
     monkeypatch.setitem(harness._REFERENCES, "compat_samsum",
@@ -71,10 +87,10 @@ def test_local_data_dir_and_missing_file(tmp_path):
 
 
 def test_lm_eval_callback_logs_scores_and_flips(lm_runs, embedded_path, tmp_path):
+    from conftest import cpu_args
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from adaptguard import LMEvalCallback, TALRTrainer
-    from conftest import cpu_args
 
     old_results = json.loads(next((lm_runs / "old").rglob("results_*.json")).read_text())["results"]
     callback = LMEvalCallback(["t_piqa", "t_gsm"], reference=lm_runs / "old", when="epoch",
@@ -100,3 +116,30 @@ def test_lm_eval_callback_bad_reference(tmp_path):
         LMEvalCallback(["t_piqa"], reference=tmp_path)
     with pytest.raises(ValueError, match="when"):
         LMEvalCallback(["t_piqa"], when="step")
+
+
+def test_compare_and_the_harness_extract_the_same_predictions(monkeypatch):
+    """One prediction extraction (`runs.prediction`) for `compare` and the compat_* tasks: an empty response is the
+    empty answer in both, so their inconsistency flips agree item by item."""
+    from adaptguard.compat.compare import compare_task
+    from adaptguard.compat.runs import Sample, TaskRun, prediction
+
+    assert prediction([]) == "" and prediction([[]]) == "" and prediction([["72"]]) == "72"
+    assert prediction([(-2.0, False), (-1.0, True), (-1.0, False)]) == 1  # the first maximum, as lm-eval's acc
+    docs = [{"question": f"q{i}", "answer": "#### 1"} for i in range(3)]
+    old_resps, new_resps = [["1"], ["2"], ["3"]], [[], ["1"], ["4"]]
+    per_sample = []
+    for doc, old, new in zip(docs, old_resps, new_resps):
+        monkeypatch.setitem(harness._REFERENCES, "compat_gsm8k", {harness.doc_hash(doc): {"filtered_resps": old}})
+        per_sample.append(harness.exact_match_results("compat_gsm8k", doc, new, doc["answer"],
+                                                      **_task_utils("compat").GSM8K_EXACT_MATCH))
+
+    def run(resps):
+        samples = {("none", i): Sample(i, "none", None, None, None, "1", r, {"exact_match": float(prediction(r) == "1")})
+                   for i, r in enumerate(resps)}
+        return TaskRun("t", Path("<memory>"), samples)
+
+    entry = compare_task(run(old_resps), run(new_resps))["none"]
+    for key in ("nfr", "pfr", "nfr_mc"):
+        assert entry[key] == pytest.approx(sum(s[key] for s in per_sample) / 3), key
+    assert [s["nfr_mc"] for s in per_sample] == [1.0, 0.0, 1.0]

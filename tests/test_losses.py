@@ -3,19 +3,19 @@ import math
 import pytest
 import torch
 
-from adaptguard.losses import (
+from adaptguard.talr.losses import (
     dft_token_weights,
     flow_sequence_weights,
     k3_kl,
     l2_to_init,
     median,
-    shifted_token_nll,
     talr_loss_func,
     talr_tau,
     talr_token_weights,
     weighted_nll,
     wise_ft_interpolate,
 )
+from adaptguard.utils.labels import shifted_token_nll
 
 
 def test_talr_weights_hand_worked():

@@ -3,7 +3,14 @@ import math
 import pytest
 import torch
 
-from adaptguard.losses import muscle_mask, muscle_mask_inputs, muscle_token_loss, muscle_token_loss_chunked
+from adaptguard.muscle.losses import (
+    apply_mask,
+    muscle_mask_inputs,
+    muscle_token_loss,
+    muscle_token_loss_chunked,
+)
+from adaptguard.muscle.masks import student_wrong
+from adaptguard.plugins import get_muscle_mask
 
 MASKS = ["student_wrong", "old_likelier_token", "old_likelier_sequence", "old_correct", "old_only", "new_only"]
 
@@ -22,12 +29,12 @@ def test_hand_worked_single_token():
     labels = torch.tensor([[1, -100]])
     t = 2.0
     logits = [torch.tensor([[z, [0.0, 0.0, 0.0]]]) for z in (zs, zo, zn)]
-    loss, m = muscle_token_loss(*logits, labels, mask="student_wrong", temperature=t)
+    loss, m = muscle_token_loss(*logits, labels, mask=student_wrong, temperature=t)
     # student argmax 0 != label 1: wrong -> m = 1 -> KL(old || student)
     assert m.tolist() == [[1.0, 0.0]]
     assert loss[0, 0].item() == pytest.approx(kl(softmax(zo, t), softmax(zs, t)), rel=1e-5)
     assert loss[0, 1].item() == 0.0
-    loss, m = muscle_token_loss(*logits, labels, mask="new_only", temperature=t)
+    loss, m = muscle_token_loss(*logits, labels, mask=get_muscle_mask("new_only"), temperature=t)
     assert m.sum() == 0 and loss[0, 0].item() == pytest.approx(kl(softmax(zn, t), softmax(zs, t)), rel=1e-5)
 
 
@@ -49,7 +56,7 @@ def test_masks_follow_their_definitions():
         "new_only": torch.zeros(2, 6, dtype=torch.bool),
     }
     for name, want in expected.items():
-        torch.testing.assert_close(muscle_mask(name, x), (want & valid).float(), msg=name)
+        torch.testing.assert_close(apply_mask(get_muscle_mask(name), x), (want & valid).float(), msg=name)
 
 
 @pytest.mark.parametrize("mask", MASKS)
@@ -62,8 +69,9 @@ def test_chunked_matches_reference_in_value_and_gradient(mask, chunk):
     labels[2, 0] = -100
     s_ref = torch.randn(3, 5, 13, requires_grad=True)
     s_chk = s_ref.detach().clone().requires_grad_(True)
-    loss_ref, m_ref = muscle_token_loss(s_ref, old, new, labels, mask=mask, temperature=2.0)
-    loss_chk, m_chk = muscle_token_loss_chunked(s_chk, old, new, labels, mask=mask, temperature=2.0, chunk_size=chunk)
+    loss_ref, m_ref = muscle_token_loss(s_ref, old, new, labels, mask=get_muscle_mask(mask), temperature=2.0)
+    loss_chk, m_chk = muscle_token_loss_chunked(s_chk, old, new, labels, mask=get_muscle_mask(mask), temperature=2.0,
+                                                chunk_size=chunk)
     torch.testing.assert_close(m_chk, m_ref)
     torch.testing.assert_close(loss_chk, loss_ref, rtol=1e-5, atol=1e-6)
     weights = torch.rand(3, 5)  # a non-uniform upstream gradient
@@ -76,7 +84,7 @@ def test_chunked_matches_reference_in_value_and_gradient(mask, chunk):
 def test_loss_is_zero_when_teachers_equal_student():
     z = torch.randn(2, 4, 9)
     labels = torch.randint(0, 9, (2, 4))
-    loss, _ = muscle_token_loss_chunked(z.clone().requires_grad_(True), z, z, labels, chunk_size=2)
+    loss, _ = muscle_token_loss_chunked(z.clone().requires_grad_(True), z, z, labels, student_wrong, chunk_size=2)
     assert loss.abs().max().item() < 1e-6
 
 
@@ -84,15 +92,19 @@ def test_bad_input():
     z = torch.randn(1, 2, 5)
     labels = torch.tensor([[1, 2]])
     with pytest.raises(ValueError, match="known masks: .*student_wrong"):
-        muscle_token_loss(z, z, z, labels, mask="nope")
+        get_muscle_mask("nope")
     with pytest.raises(ValueError, match="temperature"):
-        muscle_token_loss_chunked(z, z, z, labels, temperature=0.0)
+        muscle_token_loss_chunked(z, z, z, labels, student_wrong, temperature=0.0)
     with pytest.raises(ValueError, match="vocabulary sizes differ"):
-        muscle_token_loss_chunked(z, torch.randn(1, 2, 6), z, labels)
+        muscle_token_loss_chunked(z, torch.randn(1, 2, 6), z, labels, student_wrong)
+    with pytest.raises(ValueError, match="MUSCLE mask 'flat' returned shape"):  # a plugin's mask of the wrong shape
+        def flat(x):
+            return x.valid.reshape(-1)
+        muscle_token_loss(z, z, z, labels, flat)
 
 
 def _topk_teacher(logits, k):
-    from adaptguard.losses import TopKLogProbs
+    from adaptguard.muscle.losses import TopKLogProbs
 
     logp = torch.log_softmax(logits, -1)
     top, idx = logp.topk(k, -1)
@@ -113,8 +125,8 @@ def test_sparse_topk_teacher_equals_its_dense_form(k, mask):
     sparse, dense = _topk_teacher(old_logits, k)
     s1 = torch.randn(2, 6, 13, requires_grad=True)
     s2 = s1.detach().clone().requires_grad_(True)
-    l1, m1 = muscle_token_loss_chunked(s1, sparse, new, labels, mask=mask, chunk_size=4)
-    l2, m2 = muscle_token_loss_chunked(s2, dense, new, labels, mask=mask, chunk_size=4)
+    l1, m1 = muscle_token_loss_chunked(s1, sparse, new, labels, mask=get_muscle_mask(mask), chunk_size=4)
+    l2, m2 = muscle_token_loss_chunked(s2, dense, new, labels, mask=get_muscle_mask(mask), chunk_size=4)
     torch.testing.assert_close(m1, m2)
     torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
     w = torch.rand(2, 6)
@@ -122,5 +134,5 @@ def test_sparse_topk_teacher_equals_its_dense_form(k, mask):
     (l2 * w).sum().backward()
     torch.testing.assert_close(s1.grad, s2.grad, rtol=1e-5, atol=1e-6)
     if k == 13:  # the full vocabulary is the exact teacher
-        l3, _ = muscle_token_loss(s2.detach(), old_logits, new, labels, mask=mask)
+        l3, _ = muscle_token_loss(s2.detach(), old_logits, new, labels, mask=get_muscle_mask(mask))
         torch.testing.assert_close(l1.detach(), l3, rtol=1e-5, atol=1e-6)

@@ -2,7 +2,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT
 
 
@@ -40,11 +39,11 @@ def focal_installed(tmp_path, monkeypatch):
 
 
 def test_third_party_weighting_by_name(focal_installed, tiny, tmp_path):
+    from conftest import cpu_args
     from datasets import Dataset
 
     from adaptguard import TALRTrainer
     from adaptguard.plugins import get_token_weighting
-    from conftest import cpu_args
 
     focal = get_token_weighting("focal")
 
@@ -65,10 +64,10 @@ def test_third_party_weighting_by_name(focal_installed, tiny, tmp_path):
 
 
 def test_unknown_weighting_in_config_fails_before_training(tiny, tmp_path):
+    from conftest import cpu_args
     from datasets import Dataset
 
     from adaptguard import TALRTrainer
-    from conftest import cpu_args
 
     model, tok = tiny
     with pytest.raises(ValueError, match=r"known weightings: .*none.*talr"):

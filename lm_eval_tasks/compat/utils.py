@@ -6,7 +6,6 @@ from adaptguard.compat import harness
 from adaptguard.compat.metrics import btc_aggregation, mean_negative_abs, mean_positive  # noqa: F401
 
 
-
 def _gsm8k_exact_match() -> dict:
     """The exact_match settings of lm-eval's own gsm8k task (its gsm8k.yaml `metric_list`), read from the installed
     lm-eval so that compat_gsm8k normalises answers exactly as `gsm8k` does (process_results does not get them)."""

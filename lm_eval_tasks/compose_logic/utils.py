@@ -59,7 +59,7 @@ def yaml_files() -> dict[str, str]:
 
 def write_yamls(folder: Path | None = None) -> None:
     """Write the generated YAMLs into `folder` (default: this file's folder)."""
-    from adaptguard.files import atomic_write_text
+    from adaptguard.utils.files import atomic_write_text
 
     folder = folder or Path(__file__).resolve().parent
     for file, text in yaml_files().items():

@@ -1,14 +1,15 @@
-"""Dataset loaders and per-sample scores of the drift_bsc_* tasks (the logic is in adaptguard.drift).
+"""Dataset loaders and per-sample scores of the drift_bsc_* tasks (the logic is in adaptguard.drift and adaptguard.drift.data).
 
 lm-eval passes the task metadata merged with `--metadata` (and the model arguments) as keyword
 arguments to the loaders: only the keys named here are used.
 """
 
 from adaptguard import drift
+from adaptguard.drift import data
 
 
 def next_bit_dataset(seed=0, length=64, **_):
-    return drift.next_bit_dataset(seed=seed, length=length)
+    return data.next_bit_dataset(seed=seed, length=length)
 
 
 def next_bit_results(doc, results):
@@ -16,7 +17,7 @@ def next_bit_results(doc, results):
 
 
 def sample_dataset(seed=0, length=64, delta=0.2, n_samples=64, **_):
-    return drift.bsc_sample_dataset(seed=seed, length=length, delta=delta, n_samples=n_samples)
+    return data.bsc_sample_dataset(seed=seed, length=length, delta=delta, n_samples=n_samples)
 
 
 def sample_results(doc, results):

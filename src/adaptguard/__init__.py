@@ -5,30 +5,32 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from .hookspecs import hookimpl
-
 __version__ = "0.1.0"
 
-# Trainers import TRL (seconds); the maths and the CLI should not pay for it.
+# Trainers import TRL (seconds) and the plugin marker pluggy; the maths and the CLI should not pay for them.
 _LAZY = {
-    "TALRConfig": ".talr_config",
-    "TALRTrainer": ".talr_trainer",
-    "WiseFTCallback": ".callbacks",
-    "TokenAnalysisCallback": ".callbacks",
-    "LMEvalCallback": ".lm_eval_callback",
-    "CompatConfig": ".compat_config",
-    "CompatTrainer": ".compat_trainer",
+    "hookimpl": ".plugins.hookspecs",
+    "TALRConfig": ".talr.config",
+    "TALRTrainer": ".talr.trainer",
+    "WiseFTCallback": ".talr.callbacks",
+    "TokenAnalysisCallback": ".talr.callbacks",
+    "LMEvalCallback": ".compat.callback",
+    "MUSCLEConfig": ".muscle.config",
+    "MUSCLETrainer": ".muscle.trainer",
+    "CompatConfig": ".muscle.config",  # deprecated aliases of the two above
+    "CompatTrainer": ".muscle.trainer",
 }
 
-__all__ = ["hookimpl", "__version__", *_LAZY]
+__all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:
-    from .callbacks import TokenAnalysisCallback, WiseFTCallback
-    from .compat_config import CompatConfig
-    from .compat_trainer import CompatTrainer
-    from .lm_eval_callback import LMEvalCallback
-    from .talr_config import TALRConfig
-    from .talr_trainer import TALRTrainer
+    from .compat.callback import LMEvalCallback
+    from .muscle.config import CompatConfig, MUSCLEConfig
+    from .muscle.trainer import CompatTrainer, MUSCLETrainer
+    from .plugins.hookspecs import hookimpl
+    from .talr.callbacks import TokenAnalysisCallback, WiseFTCallback
+    from .talr.config import TALRConfig
+    from .talr.trainer import TALRTrainer
 
 
 def __getattr__(name: str):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 
 def _demo(ns: argparse.Namespace) -> int:
-    from .demo import run_demo
-    from .sweeps import seed_list
+    from .experiments.demo import run_demo
+    from .experiments.sweeps import seed_list
 
     if ns.seeds is not None:
         seed_list(ns.seeds)  # a bad --seeds fails before anything is announced or written
@@ -21,7 +21,11 @@ def _demo(ns: argparse.Namespace) -> int:
 
 
 def _embedded(ns: argparse.Namespace) -> int:
-    from .embedded import embedded_model_path, recorded_fingerprint, weights_fingerprint
+    from .experiments.embedded import (
+        embedded_model_path,
+        recorded_fingerprint,
+        weights_fingerprint,
+    )
 
     path = embedded_model_path(ns.name)
     print(path)
@@ -32,7 +36,8 @@ def _embedded(ns: argparse.Namespace) -> int:
 
 
 def _compare(ns: argparse.Namespace) -> int:
-    from .compare import compare_runs, to_text, write_outputs
+    from .compat.compare import compare_runs
+    from .compat.report import to_text, write_outputs
 
     report = compare_runs(ns.old, ns.new, similarity=ns.similarity, metric=ns.metric,
                           compatible_path=ns.compatible, n_boot=ns.n_boot, seed=ns.seed)
@@ -53,34 +58,39 @@ def _tasks_dir(ns: argparse.Namespace) -> int:
 
 
 def run_lm_eval(argv: list[str]) -> int:
-    """The real lm-eval CLI, with every task directory of the `adaptguard_lm_eval_task_dirs` hook added to
-    its TaskManager's include paths (lm-eval 0.4.13 has no task entry points and takes one --include_path)."""
-    from pathlib import Path
+    """The real lm-eval CLI with every task directory of the `adaptguard_lm_eval_task_dirs` hook visible.
+
+    lm-eval's CLI takes one `--include_path`, so the plugin directories (after the user's own
+    `--include_path`, if given, so that it comes first as before) are gathered into one temporary folder of
+    symlinks (`compat.harness.gathered_include_path`), which replaces the option; nothing of lm-eval is patched."""
+    import tempfile
 
     from lm_eval.__main__ import cli_evaluate
-    from lm_eval.tasks.manager import TaskManager
 
+    from .compat.harness import gathered_include_path
     from .plugins import lm_eval_task_dirs
 
-    extra = [str(d) for d in lm_eval_task_dirs()]
-    original = TaskManager.__init__
-
-    def __init__(self, verbosity=None, include_path=None, include_defaults=True, metadata=None):
-        paths = [] if include_path is None else [include_path] if isinstance(include_path, (str, Path)) \
-            else list(include_path)
-        original(self, verbosity, [*map(str, paths), *[d for d in extra if d not in map(str, paths)]],
-                 include_defaults, metadata)
-
-    TaskManager.__init__ = __init__
+    argv, user_dirs = list(argv), []
+    for i, arg in enumerate(argv):
+        if arg == "--include_path" and i + 1 < len(argv):
+            user_dirs, argv = [Path(argv[i + 1])], argv[:i] + argv[i + 2:]
+            break
+        if arg.startswith("--include_path="):
+            user_dirs, argv = [Path(arg.split("=", 1)[1])], argv[:i] + argv[i + 1:]
+            break
+    for d in user_dirs:
+        if not d.is_dir():
+            raise ValueError(f"--include_path {d}: no such directory")
     old_argv = sys.argv
-    sys.argv = ["lm_eval", *argv]
-    try:
-        cli_evaluate()
-    except SystemExit as done:
-        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    finally:
-        sys.argv = old_argv
-        TaskManager.__init__ = original
+    with tempfile.TemporaryDirectory(prefix="adaptguard-lm-eval-tasks-") as tmp:
+        include = gathered_include_path([*user_dirs, *lm_eval_task_dirs()], Path(tmp))
+        sys.argv = ["lm_eval", *argv, "--include_path", str(include)]
+        try:
+            cli_evaluate()
+        except SystemExit as done:
+            return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        finally:
+            sys.argv = old_argv
     return 0
 
 
@@ -91,8 +101,8 @@ def _lm_eval(ns: argparse.Namespace) -> int:
 def _cache_logits(ns: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .data import load_any_dataset
-    from .logit_cache import cache_logits_for_training
+    from .muscle.logit_cache import cache_logits_for_training
+    from .utils.data import load_any_dataset
 
     old = AutoModelForCausalLM.from_pretrained(ns.old_model)
     if ns.old_adapter:
@@ -107,19 +117,24 @@ def _cache_logits(ns: argparse.Namespace) -> int:
 
 
 def _update(ns: argparse.Namespace) -> int:
-    from .update import UpdateConfig, run_update, run_update_seeds, tiny_preset
+    from .experiments.muscle_update import (
+        UpdateConfig,
+        run_update,
+        run_update_seeds,
+        tiny_preset,
+    )
 
     if (ns.config is None) == (ns.preset is None):
         raise ValueError("give a CONFIG file or --preset tiny (one of them)")
     if ns.seeds is not None:
-        from .sweeps import seed_list
+        from .experiments.sweeps import seed_list
 
         seeds = seed_list(ns.seeds)  # before any model is built
     cfg = tiny_preset(ns.out or "update-out") if ns.preset else UpdateConfig.from_file(ns.config)
     if ns.out and not ns.preset:
         cfg.output_dir = ns.out
     if ns.seeds is not None:
-        from .sweeps import format_spread
+        from .experiments.sweeps import format_spread
 
         def make_config(seed: int) -> UpdateConfig:  # the preset also re-draws its train/test split
             return tiny_preset(split_seed=seed, seed=seed) if ns.preset else dataclasses.replace(cfg, seed=seed)
@@ -141,7 +156,7 @@ def _default_model(name: str | None) -> str:
     """The embedded default when no model is named: every command runs offline."""
     if name:
         return name
-    from .embedded import embedded_model_path
+    from .experiments.embedded import embedded_model_path
 
     return str(embedded_model_path("tiny"))
 
@@ -149,7 +164,8 @@ def _default_model(name: str | None) -> str:
 def _drift_bound(ns: argparse.Namespace) -> int:
     import numpy as np
 
-    from .drift import plot_theorem_a2, theorem_a2_argmax, theorem_a2_curve
+    from .drift.plots import plot_theorem_a2
+    from .drift.theory import theorem_a2_argmax, theorem_a2_curve
 
     params = dict(n=ns.n, d=ns.d, alpha_i=ns.alpha_i, alpha_j=ns.alpha_j, delta=ns.delta, k_mis=ns.k_mis,
                   lambda_l=ns.lambda_l, mu_l=ns.mu_l)
@@ -166,11 +182,11 @@ def _drift_bound(ns: argparse.Namespace) -> int:
 
 
 def _drift_experiment(ns: argparse.Namespace) -> int:
-    from .drift_experiment import run_drift_experiment
-    from .threads import torch_threads
+    from .experiments.drift import run_drift_experiment
+    from .utils.threads import torch_threads
 
     with torch_threads(ns.threads):
-        from .sweeps import seed_list
+        from .experiments.sweeps import seed_list
 
         # repetition k uses seed k: --seeds N runs seeds 0..N-1 at every r
         overrides = {} if ns.seeds is None else {"repetitions": len(seed_list(ns.seeds))}
@@ -185,8 +201,9 @@ def _drift_experiment(ns: argparse.Namespace) -> int:
 def _drift_corrupt(ns: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from .data import load_any_dataset
-    from .drift import corrupt_to_similarity, kept_fraction, write_dataset
+    from .drift.data import corrupt_to_similarity, kept_fraction
+    from .utils.data import load_any_dataset
+    from .utils.files import write_dataset
 
     tokenizer = AutoTokenizer.from_pretrained(_default_model(ns.tokenizer), trust_remote_code=False)
     data = corrupt_to_similarity(load_any_dataset(ns.dataset, ns.split), ns.r, tokenizer, n_strings=ns.n_strings,
@@ -197,8 +214,9 @@ def _drift_corrupt(ns: argparse.Namespace) -> int:
 
 
 def _drift_styles(ns: argparse.Namespace) -> int:
-    from .data import load_any_dataset
-    from .drift import PROMPT_STYLES, reformat_prompt_style, write_dataset
+    from .drift.data import PROMPT_STYLES, reformat_prompt_style
+    from .utils.data import load_any_dataset
+    from .utils.files import write_dataset
 
     if ns.style != "list" and ns.style not in PROMPT_STYLES:
         raise ValueError(f"--style: unknown style {ns.style!r}; valid: list, {', '.join(PROMPT_STYLES)}")
@@ -218,7 +236,7 @@ def _drift_styles(ns: argparse.Namespace) -> int:
 def _drift_risk(ns: argparse.Namespace) -> int:
     import json
 
-    from .selection import run_drift_risk
+    from .selection.jobs import run_drift_risk
 
     report = run_drift_risk(ns.finetune, ns.keep, model=_default_model(ns.model), embedder=ns.embedder,
                             band=(ns.band[0], ns.band[1]), max_examples=ns.max_examples, text_column=ns.text_column,
@@ -227,7 +245,7 @@ def _drift_risk(ns: argparse.Namespace) -> int:
         flag = "  AT RISK (intermediate similarity)" if row["at_risk"] else ""
         print(f"{row['task']}: similarity {row['similarity']:.3f}{flag}")
     if ns.json:
-        from .files import atomic_write_text
+        from .utils.files import atomic_write_text
 
         atomic_write_text(Path(ns.json), json.dumps(report, indent=2))
     return 0
@@ -236,7 +254,7 @@ def _drift_risk(ns: argparse.Namespace) -> int:
 def _select(ns: argparse.Namespace) -> int:
     import json
 
-    from .selection import run_select
+    from .selection.jobs import run_select
 
     report = run_select(ns.target, ns.candidates, model=_default_model(ns.model), embedder=ns.embedder, p=ns.p,
                         method=ns.method, feature=ns.feature, k=ns.k, seed=ns.seed, out=ns.out,
@@ -279,10 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     lme.add_argument("args", nargs=argparse.REMAINDER)
     lme.set_defaults(func=_lm_eval)
     cache = sub.add_parser("cache-logits", help="Run the old model once over a training set and store its top-k "
-                           "log-probabilities, for CompatTrainer(old_logits_cache=...).")
+                           "log-probabilities, for MUSCLETrainer (MUSCLEConfig.old_logits_cache).")
     cache.add_argument("--old-model", required=True, help="old (v1) task model, or its base with --old-adapter")
     cache.add_argument("--old-adapter", help="old task adapter to merge into --old-model")
-    cache.add_argument("--tokenizer", help="the NEW model's tokenizer, which CompatTrainer will tokenize with "
+    cache.add_argument("--tokenizer", help="the NEW model's tokenizer, which MUSCLETrainer will tokenize with "
                        "(default: the old model's; the vocabularies must be equal)")
     cache.add_argument("--dataset", required=True, help="Hub name, save_to_disk directory, or .json/.jsonl/.csv/"
                        ".parquet file, in any format SFTTrainer accepts")
@@ -294,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.set_defaults(func=_cache_logits)
     upd = sub.add_parser("update", help="Paper 002's update experiment: task adapters on v1 and v2, compatibility, "
                          "MUSCLE compatibility adapter, report.")
-    upd.add_argument("config", nargs="?", help="JSON config (fields of adaptguard.update.UpdateConfig)")
+    upd.add_argument("config", nargs="?", help="JSON config (fields of adaptguard.experiments.muscle_update.UpdateConfig)")
     upd.add_argument("--preset", choices=["tiny"], help="run on the embedded default (tiny -> tiny-v2)")
     upd.add_argument("--out", help="output directory (overrides the config's output_dir)")
     upd.add_argument("--seeds", type=int, help="repeat over seeds 0..N-1 (the preset also re-draws its split) and "

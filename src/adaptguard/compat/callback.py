@@ -25,7 +25,7 @@ def evaluate_with_lm_eval(model, tokenizer, tasks: list[str], *, limit=None, num
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from .plugins import lm_eval_task_dirs
+    from ..plugins import lm_eval_task_dirs
 
     was_training = model.training
     model.eval()

@@ -17,7 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import btc_aggregation, flip_indicators, mean_negative_abs, mean_positive, similarity_deltas
+from .metrics import (
+    btc_aggregation,
+    flip_indicators,
+    mean_negative_abs,
+    mean_positive,
+    similarity_deltas,
+)
 from .runs import RunError, find_sample_files, prediction, read_task_run
 
 # task -> {doc_hash: reference sample record (filtered_resps + metrics)}

@@ -46,8 +46,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_write_text
-from .tasks.compose import COMPOSITES, SETTINGS, build_prompts, exact_match, word_exact_match
+from ..tasks.compose import (
+    COMPOSITES,
+    SETTINGS,
+    build_prompts,
+    exact_match,
+    word_exact_match,
+)
+from ..utils.files import atomic_write_text
+from .loop import train_steps
 
 _ANSWER = re.compile(r"output:( [^\n]*\n)")  # a demonstration's or the query's answer, with its newline
 
@@ -155,21 +162,16 @@ def meta_train(model, tokenizer, rows: list[dict], config: CompositionConfig, se
     sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=config.learning_rate, total_steps=config.steps,
                                                 pct_start=0.1)
     pad = tokenizer.pad_token_id
-    losses = []
-    model.train()
-    for _ in range(config.steps):
+
+    def step_loss(_step: int):
         batch = [encoded[i] for i in rng.choice(len(encoded), size=config.batch_size, replace=False)]
         width = max(len(ids) for ids, _ in batch)
         ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in batch])
         labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
         mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in batch])
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        sched.step()
-        optim.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+    losses = train_steps(model, optim, sched, config.steps, step_loss, clip_norm=1.0)
     model.eval()
     return losses
 
@@ -179,7 +181,7 @@ def evaluate(model, tokenizer, ks: dict[str, int], n_test: int, seed: int, max_n
     """(table, predictions) over the pairs of `ks` (pair -> K) x SETTINGS: table[pair][setting] holds the
     mean `word_exact_match` and `exact_match` of greedy answers to `n_test` prompts, predictions[pair][setting]
     the per-item rows (`input`, `outputs`, `prediction`)."""
-    from .update import generate_answers
+    from .muscle_update import generate_answers
 
     table, predictions = {}, {}
     for pair, k in ks.items():
@@ -237,7 +239,7 @@ def run_composition_demo(out_dir: str | Path | None, *, quick: bool = False, see
     before meta-training), "predictions" ({pair: {setting: [{"input", "outputs", "prediction"}]}}),
     "ks", "markdown", "seconds", "train_seconds", "losses", "settings"}. `config` overrides the preset
     chosen by `quick`. Writes `out_dir/composition.json` when `out_dir` is given."""
-    from .threads import torch_threads
+    from ..utils.threads import torch_threads
 
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")

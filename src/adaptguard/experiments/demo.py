@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .files import atomic_write_text
+from ..utils.figures import new_figure, save_figure
+from ..utils.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,8 @@ def _train_one(method: Method, lr: float, seed: int, path: Path, train_rows, wor
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
-    from .talr_config import TALRConfig
-    from .talr_trainer import TALRTrainer
+    from ..talr.config import TALRConfig
+    from ..talr.trainer import TALRTrainer
 
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     args = TALRConfig(
@@ -90,12 +91,8 @@ def _train_one(method: Method, lr: float, seed: int, path: Path, train_rows, wor
 
 
 def tradeoff_plot(base: dict, runs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig = new_figure(figsize=(7, 5))
+    ax = fig.add_subplot()
     ax.scatter([base["domain"]], [base["general"]], marker="*", s=200, color="black", label="base (init)")
     for i, method in enumerate(dict.fromkeys(r["method"] for r in runs)):
         pts = sorted((r for r in runs if r["method"] == method), key=lambda r: r["learning_rate"])
@@ -117,10 +114,7 @@ def tradeoff_plot(base: dict, runs: list[dict], path: Path) -> None:
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
 def markdown_report(report: dict) -> str:
@@ -131,7 +125,7 @@ def markdown_report(report: dict) -> str:
     lines = [
         "# adaptguard demo: fine-tuning without losing general ability",
         "",
-        "Embedded default model (`adaptguard.embedded`, built offline), fine-tuned on a domain: its own "
+        "Embedded default model (`adaptguard.experiments.embedded`, built offline), fine-tuned on a domain: its own "
         "knowledge asked in a question/answer format it never saw. Domain score = exact match on held-out "
         "questions; general score = mean exact match over the pretraining skills "
         f"({', '.join(report['settings']['skills'])}). Paper 003 Fig. 1–2 layout.",
@@ -146,7 +140,7 @@ def markdown_report(report: dict) -> str:
         f"{report['settings']['general_probes']} general probes).",
         "",
         "General NFR/PFR: negative/positive flip rate of the general probes against the base model "
-        "(paper 002 §3; `adaptguard.compat.flip_metrics`): the share of probes the base answered right "
+        "(paper 002 §3; `adaptguard.compat.metrics.flip_metrics`): the share of probes the base answered right "
         "and the fine-tuned model gets wrong, and the reverse.",
         "",
         "| method | learning rate | domain | general | general NFR | general PFR | "
@@ -197,7 +191,8 @@ def markdown_report(report: dict) -> str:
             f"| {u['old_acc']:.3f} | {u['new_acc']:.3f} | {u['compat_acc']:.3f} | {u['nfr']:.3f} | "
             f"{u['nfr_compat']:.3f} | {u['delta_nfr']:+.3f} | {u['pfr']:.3f} | {u['pfr_compat']:.3f} |", "",
             f"Mask `{u['config']['mask']}` (paper 002 §4.1, §6.5); share of training tokens aligned to v1 "
-            f"(first/last log): {' / '.join(f'{x:.2f}' for x in u['frac_aligned_old_first_last'] or [])}. The task adapters fit every training token, "
+            f"(first/last log): {' / '.join(f'{x:.2f}' for x in u['frac_aligned_old_first_last'] or [])}. "
+            "The task adapters fit every training token, "
             "so eq. 1's `student_wrong` mask never fires on this toy; docs/muscle.md has that run, the control "
             "and other splits. One run: a difference of a few items is float noise on this toy (it moves with "
             "the CPU); `adaptguard demo --seeds 5` gives the spread.", ""]
@@ -227,9 +222,9 @@ def markdown_report(report: dict) -> str:
 
 
 def _drift_section(out: Path, repetitions: int | None = None) -> dict:
-    from .drift import theorem_a2_argmax
-    from .drift_experiment import run_drift_experiment
-    from .threads import torch_threads
+    from ..drift.theory import theorem_a2_argmax
+    from ..utils.threads import torch_threads
+    from .drift import run_drift_experiment
 
     print("  similarity drift sweep (quick) ...", flush=True)
     with torch_threads(1):
@@ -250,8 +245,14 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .compat import flip_metrics
-    from .embedded import EMBEDDED_MODELS, domain_split, embedded_model_path, exact_match_score, general_probes
+    from ..compat.metrics import flip_metrics
+    from .embedded import (
+        EMBEDDED_MODELS,
+        domain_split,
+        embedded_model_path,
+        exact_match_score,
+        general_probes,
+    )
     from .sweeps import machine_info, seed_list, spread
 
     seed_range = None if seeds is None else seed_list(seeds)
@@ -313,7 +314,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                 runs.append(run)
     update = None
     if not quick:  # paper 002's update experiment on tiny -> tiny-v2 (MUSCLE), written to OUT/update/
-        from .update import run_update, run_update_seeds, tiny_preset
+        from .muscle_update import run_update, run_update_seeds, tiny_preset
 
         print("  model update tiny -> tiny-v2 (MUSCLE) ...", flush=True)
         if seed_range and len(seed_range) > 1:
@@ -326,7 +327,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
     if not quick:  # paper 000 App. B, the quick sweep, written to OUT/drift/
         drift = _drift_section(out / "drift", len(seed_range) if seed_range else None)
     if not quick:  # paper 001 Ch. 4 on the embedded model, written to OUT/composition/
-        from .compose_demo import run_composition_demo, run_composition_seeds
+        from .composition import run_composition_demo, run_composition_seeds
 
         print("  compositional in-context learning ...", flush=True)
         if seed_range and len(seed_range) > 1:

@@ -66,7 +66,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from numbers import Integral, Real
@@ -76,8 +75,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from adaptguard.drift import bsc_samples, reference_string, similar_reference, similarity
-from adaptguard.files import atomic_write_text
+from ..drift.bsc import bsc_samples, reference_string, similar_reference, similarity
+from ..utils.figures import new_figure, save_figure
+from ..utils.files import atomic_write_text
+from .loop import train_steps
 
 __all__ = [
     "BOS",
@@ -328,19 +329,13 @@ def train_model(data: DriftTrainingBits, config: DriftExperimentConfig, seed: in
     n = inputs.shape[0]
     epochs = math.ceil(config.steps * config.batch_size / n)
     order = torch.as_tensor(np.concatenate([rng.permutation(n) for _ in range(epochs)]))
-    tail_losses = []
-    model.train()
-    for step in range(config.steps):
+
+    def step_loss(step: int) -> torch.Tensor:
         batch = order[step * config.batch_size:(step + 1) * config.batch_size]
-        loss = _bit_nll(bit_log_probs(model, inputs[batch]), labels[batch])
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"training loss is {loss.item()} at step {step}; lower peak_lr")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        if step >= config.steps - max(1, config.steps // 10):
-            tail_losses.append(loss.item())
+        return _bit_nll(bit_log_probs(model, inputs[batch]), labels[batch])
+
+    losses = train_steps(model, optimizer, schedule, config.steps, step_loss)
+    tail_losses = losses[config.steps - max(1, config.steps // 10):]
     return model, float(np.mean(tail_losses))
 
 
@@ -375,13 +370,9 @@ def summarize(runs: list[dict[str, Any]], similarities: tuple[float, ...]) -> di
 
 def plot_drift(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Bar chart of the mean test loss per r with min-max error bars (Fig. B1), written atomically as PNG."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     r, mean = np.asarray(result["r"]), np.asarray(result["loss_mean"])
     err = np.stack([mean - np.asarray(result["loss_min"]), np.asarray(result["loss_max"]) - mean])
-    fig = Figure(figsize=(6, 4))
-    FigureCanvasAgg(fig)
+    fig = new_figure(figsize=(6, 4))
     ax = fig.add_subplot()
     ax.bar([f"{x:g}" if x in (0, 1) else f"{round(x * 8)}/8" if x * 8 == round(x * 8) else f"{x:.3g}" for x in r],
            mean, yerr=err, capsize=4, color="C0")
@@ -396,17 +387,7 @@ def plot_drift(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
            title=f"Synthetic drift (paper 000 App. B), {len(result['losses'][0])} runs per r")
     ax.legend(loc="upper center", ncol=2, fontsize="small")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=100)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def run_drift_experiment(out_dir: str | os.PathLike[str], *, quick: bool = False, progress: Any = None,

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import torch
 
+from . import loop
+from .loop import train_steps
+
 SYLLABLES = ["ka", "lo", "mi", "ra", "tu", "ven", "dor", "sa", "pel", "qui", "zan", "bo", "fi", "ne", "gru", "wy"]
 OBJECTS = [
     "apple", "book", "chair", "door", "egg", "fork", "glass", "hat", "ink", "jar", "key", "lamp", "map",
@@ -154,8 +157,9 @@ def _spec_hash(spec: EmbeddedSpec) -> str:
     import tokenizers
     import transformers
 
-    # The generator code is part of the recipe: editing this file rebuilds the model.
-    key = json.dumps({**asdict(spec), "source": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+    # The generator code is part of the recipe: editing this file or the training loop rebuilds the model.
+    source = b"".join(Path(f).read_bytes() for f in (__file__, loop.__file__))
+    key = json.dumps({**asdict(spec), "source": hashlib.sha256(source).hexdigest(),
                       "torch": torch.__version__.split("+")[0],
                       "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
                      sort_keys=True)
@@ -198,17 +202,14 @@ def _pretrain(spec: EmbeddedSpec, tokenizer):
     optim = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=spec.learning_rate, total_steps=spec.pretrain_steps,
                                                 pct_start=0.1)
-    model.train()
-    for _ in range(spec.pretrain_steps):
+
+    def step_loss(_step: int) -> torch.Tensor:
         texts = [pretraining_text(spec, rng) + eos for _ in range(spec.batch_size)]
         batch = tokenizer(texts, return_tensors="pt", padding=True)
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-        loss = model(**batch, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        sched.step()
-        optim.zero_grad(set_to_none=True)
+        return model(**batch, labels=labels).loss
+
+    train_steps(model, optim, sched, spec.pretrain_steps, step_loss, clip_norm=1.0)
     model.eval()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -288,7 +289,7 @@ def embedded_model_path(name: str = "tiny") -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        proc = subprocess.run([sys.executable, "-m", "adaptguard.embedded", name, str(tmp)],
+        proc = subprocess.run([sys.executable, "-m", "adaptguard.experiments.embedded", name, str(tmp)],
                               env={**os.environ, **BUILD_ENV}, capture_output=True, text=True,
                               timeout=BUILD_TIMEOUT_S)
         if proc.returncode != 0:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .files import atomic_write_text
+from ..utils.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def tiny_preset(output_dir: str = "update-out", split_seed: int = 0, seed: int =
 def _rows(spec, split: str) -> list[dict]:
     if isinstance(spec, list):
         return spec
-    from .data import load_any_dataset
+    from ..utils.data import load_any_dataset
 
     return list(load_any_dataset(spec, split))
 
@@ -168,8 +168,8 @@ def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tok
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, PrinterCallback
 
-    from .talr_config import TALRConfig
-    from .talr_trainer import TALRTrainer
+    from ..talr.config import TALRConfig
+    from ..talr.trainer import TALRTrainer
 
     args = TALRConfig(**_training_kwargs(cfg, output_dir=str(out / "run"), weighting="none",
                                          learning_rate=cfg.task_learning_rate, num_train_epochs=cfg.task_epochs))
@@ -195,10 +195,10 @@ def run_update(cfg: UpdateConfig) -> dict:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
-    from .compare import plot_quadrants
-    from .compat import delta_metrics, flip_metrics
-    from .compat_config import CompatConfig
-    from .compat_trainer import CompatTrainer, check_same_vocabulary
+    from ..compat.metrics import delta_metrics, flip_metrics
+    from ..compat.report import plot_quadrants
+    from ..muscle.config import MUSCLEConfig
+    from ..muscle.trainer import MUSCLETrainer, check_same_vocabulary
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
@@ -224,11 +224,11 @@ def run_update(cfg: UpdateConfig) -> dict:
     del v2
 
     t = time.perf_counter()
-    args = CompatConfig(**_training_kwargs(cfg, output_dir=str(out / "compat_run"), new_adapter=str(v2_adapter),
+    args = MUSCLEConfig(**_training_kwargs(cfg, output_dir=str(out / "compat_run"), new_adapter=str(v2_adapter),
                                            temperature=cfg.temperature, mask=cfg.mask, ce_weight=cfg.ce_weight,
                                            learning_rate=cfg.compat_learning_rate,
                                            num_train_epochs=cfg.compat_epochs))
-    trainer = CompatTrainer(model=cfg.new_base, args=args, old_model=v1, old_processing_class=tok_old,
+    trainer = MUSCLETrainer(model=cfg.new_base, args=args, old_model=v1, old_processing_class=tok_old,
                             train_dataset=Dataset.from_list(train_rows), processing_class=tok_new)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
@@ -328,8 +328,8 @@ def _lm_eval_flips(cfg: UpdateConfig, models: dict, new_model) -> dict:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from .compare import compare_task
-    from .lm_eval_callback import evaluate_with_lm_eval, task_runs_from_output
+    from ..compat.callback import evaluate_with_lm_eval, task_runs_from_output
+    from ..compat.compare import compare_task
 
     def runs(model, tok):
         out = evaluate_with_lm_eval(model, tok, cfg.lm_eval_tasks, limit=cfg.lm_eval_limit,

@@ -2,7 +2,7 @@
 (paper 001 §3.3.2, Table 3.1 in spirit: each target in turn, the other tasks as candidates; methods
 ``full`` / ``no_consistency`` / ``no_diversity`` / ``random`` at an equal number of training rows).
 
-Tasks. The embedded tiny model knows three skills from pretraining (`adaptguard.embedded`): the capital
+Tasks. The embedded tiny model knows three skills from pretraining (`adaptguard.experiments.embedded`): the capital
 of each fictional country (24 facts), the opposite of a word (18 antonym pairs, both directions: 36) and
 the next number (1..95). Each skill is asked in three formats it never saw, giving a 3 × 3 grid of tasks
 ``<skill>/<format>``::
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_write_text
+from ..utils.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class ExperimentConfig:
         bad = [t for t in self.targets if t not in GRID]
         if bad:
             raise ValueError(f"targets {bad} are not grid tasks; valid: {', '.join(GRID)}")
-        from .tasks.compose import SIMPLE_TASKS
+        from ..tasks.compose import SIMPLE_TASKS
 
         bad = [d for d in self.distractors if d not in SIMPLE_TASKS]
         if bad:
@@ -146,7 +146,7 @@ def task_rows(name: str, seed: int = 0) -> list[dict[str, str]]:
     if "/" in name:
         skill, fmt = name.split("/", 1)
         return [render(q, a, fmt) for q, a in skill_pairs(skill)]
-    from .tasks.compose import generate
+    from ..tasks.compose import generate
 
     return [render(item["input"], item["output"], "io") for item in generate(name, _N_DISTRACTOR_ROWS, seed)]
 
@@ -191,7 +191,7 @@ def embed_pool(pool: Mapping[str, Sequence[dict]], model: str | Path, n_embed: i
                batch_size: int = 64) -> dict[str, np.ndarray]:
     """name → (m, d) mean-pooled embeddings by `model` of up to m = `n_embed` prompts per task (a seeded
     sample). Prompts only: like the paper's φ(x), selection sees the inputs, never the answers."""
-    from .selection import mean_pooled
+    from ..selection.embedders import mean_pooled
 
     texts = {}
     for name, rows in pool.items():
@@ -207,7 +207,7 @@ def selections(target: np.ndarray, candidates: Mapping[str, np.ndarray], p: floa
     """method → list of `SelectionResult` for target embeddings (n₀, d) and candidates name → (nᵢ, d):
     one result for ``full`` and ``no_diversity``, one per seed `seed`..`seed + n_random − 1` for
     ``no_consistency`` and ``random`` (at the size ``full`` selects)."""
-    from .selection import select_tasks
+    from ..selection.coverage import select_tasks
 
     seeds = [seed + i for i in range(n_random)]
     return {"full": [select_tasks(target, candidates, p, method="full")],
@@ -222,8 +222,8 @@ def finetune(model_path: str | Path, rows: Sequence[dict], cfg: ExperimentConfig
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
-    from .talr_config import TALRConfig
-    from .talr_trainer import TALRTrainer
+    from ..talr.config import TALRConfig
+    from ..talr.trainer import TALRTrainer
 
     args = TALRConfig(output_dir=str(work), weighting="none", learning_rate=cfg.learning_rate,
                       num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size, max_length=64,
@@ -239,8 +239,8 @@ def finetune(model_path: str | Path, rows: Sequence[dict], cfg: ExperimentConfig
 
 def score(model, tokenizer, rows: Sequence[dict], max_new_tokens: int = 8) -> dict:
     """Greedy zero-shot exact match and word-level exact match (paper 001 §9.1.2) of `rows`, in [0, 1]."""
-    from .tasks.compose import exact_match, word_exact_match
-    from .update import generate_answers
+    from ..tasks.compose import exact_match, word_exact_match
+    from .muscle_update import generate_answers
 
     preds = generate_answers(model, tokenizer, list(rows), max_new_tokens=max_new_tokens, batch_size=64)
     truths = [r["completion"].strip() for r in rows]
@@ -268,8 +268,8 @@ def run_selection_experiment(out_dir: str | Path, *, quick: bool = False, seed: 
     import transformers
     from transformers import AutoTokenizer
 
+    from ..selection.jobs import write_mixture
     from .embedded import embedded_model_path
-    from .selection import write_mixture
 
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")

@@ -1,13 +1,17 @@
+"""`MUSCLEConfig`: the settings of `MUSCLETrainer` (paper 002 §4.1), an `SFTConfig` with the teachers, the mask
+and the distillation temperature."""
+
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
 
 @dataclass
-class CompatConfig(SFTConfig):
-    r"""Configuration for [`CompatTrainer`]: MUSCLE (paper 002 §4.1), a compatibility LoRA adapter on the new
+class MUSCLEConfig(SFTConfig):
+    r"""Configuration for [`MUSCLETrainer`]: MUSCLE (paper 002 §4.1), a compatibility LoRA adapter on the new
     base model, initialised from its task adapter and distilled from the old and new task models:
 
         L = (1/n) Σ_i m_i KL(σ(z_old,i/T) ‖ σ(z_c,i/T)) + (1 − m_i) KL(σ(z_new,i/T) ‖ σ(z_c,i/T)) [+ λ_CE CE]
@@ -60,3 +64,12 @@ class CompatConfig(SFTConfig):
                              "padding_free")
         if self.old_adapter is not None and self.old_model is None:
             raise ValueError("old_adapter needs old_model (the old base it applies to)")
+
+
+@dataclass
+class CompatConfig(MUSCLEConfig):
+    """Deprecated alias of `MUSCLEConfig` (kept for one release)."""
+
+    def __post_init__(self):
+        warnings.warn("CompatConfig is deprecated; use MUSCLEConfig", FutureWarning, stacklevel=3)
+        super().__post_init__()

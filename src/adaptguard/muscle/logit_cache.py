@@ -1,9 +1,9 @@
-"""Top-k logit cache of the old (v1) model, so that `CompatTrainer` can train without it in memory.
+"""Top-k logit cache of the old (v1) model, so that `MUSCLETrainer` can train without it in memory.
 
 For every scored position of every training row (in the shifted-label convention of causal LMs) the
 cache keeps the top-k log-probabilities and their token ids, and the log of the remaining mass.
 The old distribution is the top-k probabilities plus the remaining mass spread evenly over the other
-V − k tokens (`adaptguard.losses.TopKLogProbs`; the KL is computed from this sparse form); with
+V − k tokens (`adaptguard.muscle.losses.TopKLogProbs`; the KL is computed from this sparse form); with
 k = V it is exact.
 
 Layout of a cache directory: `cache.json` (k, vocabulary size and fingerprint of the tokenizer,
@@ -25,7 +25,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .files import replace_dir
+from ..utils.files import replace_dir
+from ..utils.labels import shifted_labels
 
 CACHE_VERSION = 1
 
@@ -195,7 +196,7 @@ def build_logit_cache(model, tokenizer, dataset, data_collator, out_dir: str | P
 def cache_logits_for_training(old_model, tokenizer, train_dataset, out_dir: str | Path, *, k: int = 64,
                               max_length: int | None = 1024, batch_size: int = 8, model_name: str = "",
                               dataset_kwargs: dict | None = None) -> Path:
-    """Tokenize `train_dataset` exactly as `CompatTrainer`/`SFTTrainer` will (with `tokenizer`, the new
+    """Tokenize `train_dataset` exactly as `MUSCLETrainer`/`SFTTrainer` will (with `tokenizer`, the new
     model's), run the old model over it and write the cache to `out_dir`."""
     from trl import SFTConfig, SFTTrainer
 

@@ -1,14 +1,17 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from trl import SFTTrainer
 
-from .compat_config import CompatConfig
+from ..plugins import get_muscle_mask
+from ..trl_adapter import SFTBookkeeping
+from ..utils.labels import IGNORE_INDEX, shifted_labels
+from .config import MUSCLEConfig
 from .logit_cache import LogitCache, row_fingerprint
 from .losses import muscle_token_loss_chunked
-from .plugins import get_muscle_mask
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ def _load_lora(base, adapter: str):
     return model
 
 
-class CompatTrainer(SFTTrainer):
+class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
     r"""MUSCLE (paper 002 §4.1): train a compatibility LoRA adapter on the new base model so that the updated
     task model keeps the old one's right answers.
 
@@ -60,18 +63,18 @@ class CompatTrainer(SFTTrainer):
     _name = "MUSCLE"
     loss_is_scaled_for_ga = True
 
-    def __init__(self, model, args: CompatConfig | None = None, *pos_args, old_model=None,
+    def __init__(self, model, args: MUSCLEConfig | None = None, *pos_args, old_model=None,
                  old_processing_class=None, **kwargs):
         from peft import PeftModel
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if not isinstance(args, CompatConfig):
-            raise TypeError("CompatTrainer needs a CompatConfig (with new_adapter)")
+        if not isinstance(args, MUSCLEConfig):
+            raise TypeError("MUSCLETrainer needs a MUSCLEConfig (with new_adapter)")
         if kwargs.get("peft_config") is not None:
-            raise ValueError("CompatTrainer builds its adapter from args.new_adapter; do not pass peft_config")
+            raise ValueError("MUSCLETrainer builds its adapter from args.new_adapter; do not pass peft_config")
         if args.new_adapter is None:
-            raise ValueError("CompatConfig.new_adapter is required: the v2 task LoRA adapter to start from")
-        get_muscle_mask(args.mask)  # unknown names fail before anything loads
+            raise ValueError("MUSCLEConfig.new_adapter is required: the v2 task LoRA adapter to start from")
+        self._mask = get_muscle_mask(args.mask)  # unknown names fail before anything loads
         if isinstance(model, PeftModel):
             raise ValueError("pass the new base model, not a PeftModel: the adapters come from args.new_adapter")
         if isinstance(model, str):
@@ -95,8 +98,8 @@ class CompatTrainer(SFTTrainer):
             return
         if old_model is None:
             if args.old_model is None:
-                raise ValueError("give the old (v1) task model: CompatTrainer(old_model=...), CompatConfig.old_model "
-                                 "or CompatConfig.old_logits_cache")
+                raise ValueError("give the old (v1) task model: MUSCLETrainer(old_model=...), MUSCLEConfig.old_model "
+                                 "or MUSCLEConfig.old_logits_cache")
             old_model = AutoModelForCausalLM.from_pretrained(args.old_model, **(args.model_init_kwargs or {}))
             if args.old_adapter is not None:
                 old_model = PeftModel.from_pretrained(old_model, args.old_adapter).merge_and_unload()
@@ -147,44 +150,38 @@ class CompatTrainer(SFTTrainer):
         old_logits, new_logits = self.teacher_logits(model, inputs, labels)
         outputs = model(**inputs)
         student = outputs.logits
-        # logits[:, t] predicts labels[:, t + 1]: shift the labels, not the (large) logits
-        shifted = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
-        per_token, m = muscle_token_loss_chunked(student, old_logits, new_logits, shifted, mask=args.mask,
+        shifted = shifted_labels(labels)  # shift the labels, not the (large) logits
+        per_token, m = muscle_token_loss_chunked(student, old_logits, new_logits, shifted, mask=self._mask,
                                                  temperature=args.temperature, chunk_size=args.kl_chunk_size)
-        valid = shifted != -100
-        n = valid.sum() if num_items_in_batch is None else num_items_in_batch
-        n = torch.as_tensor(n, device=per_token.device).clamp(min=1)
-        kl = per_token.sum() / n
-        loss = kl
-        ce = None
+        valid = shifted != IGNORE_INDEX
+        total = per_token.sum()
+        ce_sum = torch.zeros((), device=student.device)
         if args.ce_weight > 0:
-            ce = torch.nn.functional.cross_entropy(student.reshape(-1, student.shape[-1]).float(),
-                                                   shifted.reshape(-1), ignore_index=-100, reduction="sum") / n
-            loss = loss + args.ce_weight * ce
-        if args.average_tokens_across_devices and num_items_in_batch is not None:
-            loss = loss * (self.accelerator.num_processes // self.get_tp_size())
-        if mode == "train" and num_items_in_batch is None:
-            loss = loss / getattr(self, "current_gradient_accumulation_steps", 1)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"Non-finite {mode} MUSCLE loss ({loss.item()}) at global step "
-                                     f"{self.state.global_step}")
+            ce_sum = torch.nn.functional.cross_entropy(student.reshape(-1, student.shape[-1]).float(),
+                                                       shifted.reshape(-1), ignore_index=IGNORE_INDEX,
+                                                       reduction="sum")
+            total = total + args.ce_weight * ce_sum
+        loss, _ = self.normalise_token_loss(total, valid.sum(), num_items_in_batch, mode)
+        self.check_finite(loss, mode)
 
-        gather = self.accelerator.gather_for_metrics
         with torch.no_grad():
             correct = (student.argmax(-1) == shifted) & valid
             sums = torch.stack([valid.sum().float(), m.sum().float(), correct.sum().float(),
-                                per_token.detach().sum().float()])
-            count, aligned_old, right, kl_sum = gather(sums[None]).sum(0).tolist()
-        metrics = self._metrics[mode]
+                                per_token.detach().sum().float(), ce_sum.detach().float()])
+            count, aligned_old, right, kl_sum, ce_total = self.accelerator.gather_for_metrics(sums[None]).sum(0).tolist()
         if count:
-            metrics["compat/frac_aligned_old"].append(aligned_old / count)
-            metrics["mean_token_accuracy"].append(right / count)
-            metrics["compat/kl"].append(kl_sum / count)
-            if ce is not None:
-                metrics["compat/ce"].append(ce.item())
-        if mode == "train":
-            local = inputs["attention_mask"].sum() if "attention_mask" in inputs else \
-                torch.tensor(inputs["position_ids"].size(1), device=student.device)
-            self._total_train_tokens += gather(local).sum().item() // self._tp_size
-        metrics["num_tokens"] = [self._total_train_tokens]
+            self.log_metric(mode, "compat/frac_aligned_old", aligned_old / count)
+            self.log_metric(mode, "mean_token_accuracy", right / count)
+            self.log_metric(mode, "compat/kl", kl_sum / count)
+            if args.ce_weight > 0:
+                self.log_metric(mode, "compat/ce", ce_total / count)
+        self.count_tokens(inputs, mode)
         return (loss, outputs) if return_outputs else loss
+
+
+class CompatTrainer(MUSCLETrainer):
+    """Deprecated alias of `MUSCLETrainer` (kept for one release)."""
+
+    def __init__(self, *args, **kwargs):
+        warnings.warn("CompatTrainer is deprecated; use MUSCLETrainer", FutureWarning, stacklevel=2)
+        super().__init__(*args, **kwargs)

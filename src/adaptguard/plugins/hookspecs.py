@@ -6,7 +6,8 @@ entry-point group `adaptguard`::
     [project.entry-points.adaptguard]
     my_plugin = "my_package.my_module"
 
-adaptguard's own built-ins register through the same hooks (`adaptguard.plugins.builtin`), as pytest's do.
+adaptguard's own built-ins register through the same hooks (`adaptguard.<method>.plugin`, listed in
+`adaptguard.plugins.manager.BUILTIN_PLUGINS`), as pytest's do.
 """
 
 from __future__ import annotations

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from importlib import import_module
 
 import pluggy
 
-from . import builtin, hookspecs
+from . import hookspecs
+
+# adaptguard's own hook implementations, one module per method, registered by name as pytest registers its
+# default plugins: the manager sits below the methods (their trainers resolve names through it) and never
+# imports them statically.
+BUILTIN_PLUGINS = ("adaptguard.talr.plugin", "adaptguard.muscle.plugin", "adaptguard.compat.plugin",
+                   "adaptguard.selection.plugin")
 
 
 @functools.lru_cache(maxsize=1)
 def get_plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    pm.register(builtin, name="adaptguard.builtin")
+    for name in BUILTIN_PLUGINS:
+        pm.register(import_module(name), name=name)
     pm.load_setuptools_entrypoints(hookspecs.PROJECT)
     return pm
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -13,7 +12,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from .files import atomic_write_text, replace_dir
+from ..utils.figures import new_figure, save_figure
+from ..utils.files import atomic_write_text, replace_dir
 from .losses import wise_ft_interpolate
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,10 @@ class TokenAnalysisCallback(TrainerCallback):
         return record
 
     def _record(self, state, epoch: float) -> None:
+        # Every rank scores the rows: under FSDP/ZeRO-3 the forward gathers sharded weights from all ranks, so
+        # a rank-0-only forward would hang. Only the main process writes files and logs.
         if not state.is_world_process_zero:
+            self.token_probabilities()
             return
         record = self.analyse(epoch, state.global_step)
         self.records.append(record)
@@ -162,16 +165,12 @@ class TokenAnalysisCallback(TrainerCallback):
 def save_heatmap(tokens: list[str], probs: list[float], path: Path, title: str = "", width: int = 16) -> None:
     """Token-probability heatmap (paper 003 Fig. 3a): tokens in reading order, `width` per row, darker =
     more confident. Written atomically as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     width = max(1, min(width, len(tokens)))
     rows = max(1, math.ceil(len(tokens) / width))
     grid = torch.full((rows, width), float("nan"))
     grid.view(-1)[: len(probs)] = torch.tensor(probs, dtype=torch.float32)
-    fig, ax = plt.subplots(figsize=(min(1.0 * width + 2, 18), 0.6 * rows + 1.2))
+    fig = new_figure(figsize=(min(1.0 * width + 2, 18), 0.6 * rows + 1.2))
+    ax = fig.add_subplot()
     im = ax.imshow(grid.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
     for i, tok in enumerate(tokens):
         ax.text(i % width, i // width, tok.replace("\n", "\\n")[:10], ha="center", va="center", fontsize=7,
@@ -180,8 +179,4 @@ def save_heatmap(tokens: list[str], probs: list[float], path: Path, title: str =
     ax.set_yticks([])
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label="p(token)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=100, bbox_inches="tight")

@@ -12,12 +12,12 @@ from datasets import Dataset
 from safetensors.torch import load_file, save_file
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
-from trl.trainer.utils import add_fused_lm_head
 
+from ..plugins import get_token_weighting
+from ..trl_adapter import SFTBookkeeping, add_fused_lm_head
 from .callbacks import TokenAnalysisCallback, WiseFTCallback
+from .config import TALRConfig
 from .losses import flow_sequence_weights, k3_kl, l2_to_init, sequence_mean_nll
-from .plugins import get_token_weighting
-from .talr_config import TALRConfig
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class _FlowCollator:
         return batch
 
 
-class TALRTrainer(SFTTrainer):
+class TALRTrainer(SFTBookkeeping, SFTTrainer):
     r"""`SFTTrainer` with token-adaptive loss reweighting (TALR, paper 003 §4.1) and the domain-SFT
     baselines (L2-to-init, k3-KL to the reference, FLOW, Wise-FT; LoRA through `peft_config`).
 
@@ -129,17 +129,18 @@ class TALRTrainer(SFTTrainer):
             return prepare_deepspeed(ref, self.accelerator)
         return self.accelerator.prepare_model(ref, evaluation_mode=True)
 
-    def _set_signature_columns_if_needed(self):
-        super()._set_signature_columns_if_needed()
-        if self.args.flow and "flow_weight" not in self._signature_columns:
-            self._signature_columns = [*self._signature_columns, "flow_weight"]
+    def extra_signature_columns(self) -> list[str]:
+        return ["flow_weight"] if self.args.flow else []  # the per-row FLOW weight reaches the collator
 
     # ------------------------------------------------------------------------------------------ FLOW
     @torch.no_grad()
     def score_rows(self, dataset: Dataset, limit: int | None = None):
         """Yield `(batch, fused outputs)` of the current model, in eval mode, over the first `limit` rows of
-        a prepared (tokenized) dataset, `per_device_eval_batch_size` rows at a time."""
-        model = self.accelerator.unwrap_model(self.model)
+        a prepared (tokenized) dataset, `per_device_eval_batch_size` rows at a time.
+
+        Every process must iterate it (collectively): the forward goes through the model as the Trainer
+        wrapped it (DDP/FSDP/DeepSpeed), whose sharded parameters are gathered by all ranks together."""
+        model = self.model_wrapped
         was_training = model.training
         model.eval()
         collate = getattr(self.data_collator, "base", self.data_collator)  # without the FLOW pass-through
@@ -181,10 +182,8 @@ class TALRTrainer(SFTTrainer):
             self.train_dataset = self.train_dataset.add_column("flow_weight", self._flow_weights.tolist())
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self._flow_weights is not None and self.args.should_save:
-            folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+    def save_checkpoint_extras(self, folder: Path) -> None:
+        if self._flow_weights is not None:  # a resumed run must not recompute them on a changed model
             tmp = folder / (FLOW_WEIGHTS_NAME + ".tmp")
             save_file({"flow_weights": self._flow_weights.contiguous()}, str(tmp))
             os.replace(tmp, folder / FLOW_WEIGHTS_NAME)
@@ -220,28 +219,17 @@ class TALRTrainer(SFTTrainer):
         if args.kl_beta > 0:
             kl = k3_kl(outputs.log_probs, self._reference_log_probs(model, inputs), mask)
             per_token = per_token + args.kl_beta * kl
-        num_tokens = mask.sum() if num_items_in_batch is None else num_items_in_batch
-        loss = per_token.sum() / torch.as_tensor(num_tokens, device=per_token.device).clamp(min=1)
-        if args.average_tokens_across_devices and num_items_in_batch is not None:
-            loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        loss, steps = self.normalise_token_loss(per_token.sum(), mask.sum(), num_items_in_batch, mode)
         if mode == "train":
-            steps = getattr(self, "current_gradient_accumulation_steps", 1)
-            if num_items_in_batch is None:
-                loss = loss / steps  # `loss_is_scaled_for_ga`: the Trainer leaves this to us
             if args.l2_lambda > 0:
                 # Once per optimizer step, identical on every rank (DDP averages it back to itself)
                 l2 = l2_to_init([p for _, p in self._trainable], self._init_params)
                 loss = loss + args.l2_lambda * l2 / steps
-                self._metrics[mode]["talr/l2"].append(l2.item())
+                self.log_metric(mode, "talr/l2", l2.item())
             if self.aux_loss_enabled:
                 aux = self.router_aux_loss_coef * outputs.aux_loss
                 loss = loss + (aux / steps if num_items_in_batch is not None else aux)
-
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"Non-finite {mode} loss ({loss.item()}) at global step {self.state.global_step}: check the "
-                "learning rate, the data (empty or corrupted rows) and the precision (bf16/fp16)."
-            )
+        self.check_finite(loss, mode)
         self._log_token_metrics(mode, inputs, outputs, weights, stats, kl)
         if return_outputs:
             with torch.no_grad():
@@ -263,26 +251,20 @@ class TALRTrainer(SFTTrainer):
             logger.warning("A batch has no supervised (completion) token: its loss is 0. Check the dataset's "
                            "completion/assistant masks and max_length truncation.")
             self._warned_empty = True
-        m = self._metrics[mode]
+        log = self.log_metric
         # SFTTrainer's own metrics, as its compute_loss logs them
-        m["entropy"].append(entropy / n if n else 0.0)
-        m["mean_token_accuracy"].append(top1 / n if n else 0.0)
+        log(mode, "entropy", entropy / n if n else 0.0)
+        log(mode, "mean_token_accuracy", top1 / n if n else 0.0)
         if n:
-            m["talr/mean_weight"].append(w_sum / n)
-            m["talr/frac_at_floor"].append(floor / n)
-            m["talr/frac_p_gt_0.2"].append(p_sum / n)
+            log(mode, "talr/mean_weight", w_sum / n)
+            log(mode, "talr/frac_at_floor", floor / n)
+            log(mode, "talr/frac_p_gt_0.2", p_sum / n)
             if kl is not None:
-                m["talr/kl"].append(kl_sum / n)
+                log(mode, "talr/kl", kl_sum / n)
         for key, value in stats.items():
             value = gather(value.detach().float().reshape(1)).nanmean()
             if torch.isfinite(value):
-                m[f"talr/{key}"].append(value.item())
-        if mode == "train":
-            if "attention_mask" in inputs:
-                local = inputs["attention_mask"].sum()
-            else:
-                local = torch.tensor(inputs["position_ids"].size(1), device=inputs["position_ids"].device)
-            self._total_train_tokens += gather(local).sum().item() // self._tp_size
-        m["num_tokens"] = [self._total_train_tokens]
+                log(mode, f"talr/{key}", value.item())
+        self.count_tokens(inputs, mode)
         if self.aux_loss_enabled:
-            m["aux_loss"].append(gather(outputs.aux_loss).mean().item())
+            log(mode, "aux_loss", gather(outputs.aux_loss).mean().item())

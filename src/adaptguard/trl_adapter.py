@@ -1,0 +1,85 @@
+"""The one place where adaptguard's trainers touch TRL/transformers internals (private names and attributes
+that are not part of their documented API), each with a comment saying what it is. TRL is pinned
+`trl>=1.16,<1.17` in pyproject.toml; a TRL upgrade is checked by tests/test_talr_trainer.py and
+tests/test_compat_trainer.py.
+
+`SFTBookkeeping` is the bookkeeping `SFTTrainer.compute_loss` does around its loss, for trainers that compute
+their own loss: normalising a summed token loss for gradient accumulation and DDP, logging metrics and
+counting training tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# Private in TRL (trl/trainer/utils.py, undocumented): patches a model's forward so that
+# `model(..., fused_lm_head=True)` returns per-token label log-probs, entropy, top-1 flags and the label mask
+# without materialising (B, L, V) logits. TALR uses it for the policy (SFTTrainer applies it) and its reference.
+from trl.trainer.utils import add_fused_lm_head  # noqa: F401  (re-exported for adaptguard.talr.trainer)
+
+
+class SFTBookkeeping:
+    """Mixin for an `SFTTrainer` subclass whose `compute_loss` returns `sum of per-token losses / N`."""
+
+    def normalise_token_loss(self, total: torch.Tensor, num_tokens: torch.Tensor | int,
+                             num_items_in_batch: torch.Tensor | int | None, mode: str) -> tuple[torch.Tensor, int]:
+        """`total / N` scaled so that gradient accumulation and DDP give the update of one big batch; returns
+        the loss and the accumulation step count (for terms added once per optimizer step).
+
+        N is `num_items_in_batch` (the global supervised-token count of the optimizer step, which the Trainer
+        passes because `loss_is_scaled_for_ga = True`), else the batch's `num_tokens`."""
+        n = num_tokens if num_items_in_batch is None else num_items_in_batch
+        loss = total / torch.as_tensor(n, device=total.device).clamp(min=1)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            # DDP averages gradients over processes, but N already counts every process's tokens
+            loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        # `current_gradient_accumulation_steps`: set by Trainer._inner_training_loop (not documented)
+        steps = getattr(self, "current_gradient_accumulation_steps", 1) if mode == "train" else 1
+        if mode == "train" and num_items_in_batch is None:
+            loss = loss / steps  # `loss_is_scaled_for_ga`: the Trainer leaves this division to us
+        return loss, steps
+
+    def extra_signature_columns(self) -> list[str]:
+        """Dataset columns to keep besides the model's forward arguments (override in a trainer)."""
+        return []
+
+    def _set_signature_columns_if_needed(self):
+        # transformers' private hook that decides which dataset columns `remove_unused_columns` keeps
+        # (`_signature_columns`): extend it with the trainer's extra columns.
+        super()._set_signature_columns_if_needed()
+        extra = [c for c in self.extra_signature_columns() if c not in self._signature_columns]
+        self._signature_columns = [*self._signature_columns, *extra]
+
+    def save_checkpoint_extras(self, folder: Path) -> None:
+        """Write a trainer's own files into a checkpoint folder (override in a trainer)."""
+
+    def _save_checkpoint(self, model, trial):
+        # transformers' private checkpoint writer: let the trainer add its files to the finished folder
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            self.save_checkpoint_extras(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}")
+
+    def check_finite(self, loss: torch.Tensor, mode: str) -> None:
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"Non-finite {mode} {self._name} loss ({loss.item()}) at global step {self.state.global_step}: "
+                "check the learning rate, the data (empty or corrupted rows) and the precision (bf16/fp16)."
+            )
+
+    def log_metric(self, mode: str, key: str, value: float) -> None:
+        """Append to the metrics SFTTrainer averages and logs at each logging step.
+        `_metrics` is SFTTrainer's private {mode: {key: [values]}} store (trl/trainer/sft_trainer.py)."""
+        self._metrics[mode][key].append(value)
+
+    def count_tokens(self, inputs: dict, mode: str) -> None:
+        """SFTTrainer's `num_tokens` metric: training tokens seen so far, summed over processes.
+        `_total_train_tokens` and `_tp_size` are SFTTrainer's private counter and tensor-parallel size."""
+        if mode == "train":
+            if "attention_mask" in inputs:
+                local = inputs["attention_mask"].sum()
+            else:
+                local = torch.tensor(inputs["position_ids"].size(1), device=inputs["position_ids"].device)
+            self._total_train_tokens += self.accelerator.gather_for_metrics(local).sum().item() // self._tp_size
+        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]

@@ -1,0 +1,65 @@
+"""The layering of docs/architecture.md, enforced: the import-linter contracts of pyproject.toml (maths imports only
+the standard library, numpy, scipy and torch; the library never imports the experiments; no import cycles), plus
+checks that the contracts can fail and that importing the maths does not load the glue."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT
+
+MATHS = ["adaptguard.talr.losses", "adaptguard.muscle.losses", "adaptguard.muscle.masks", "adaptguard.compat.metrics",
+         "adaptguard.drift.bsc", "adaptguard.drift.theory", "adaptguard.selection.coverage", "adaptguard.utils.labels"]
+
+
+def lint_imports(root, config) -> subprocess.CompletedProcess:
+    # grimp reads the source tree from sys.path; the editable install maps adaptguard through an import hook
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    code = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(config_filename=sys.argv[1]))"
+    return subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, cwd=root,
+                          env=env, timeout=300)
+
+
+def test_import_contracts_hold():
+    proc = lint_imports(ROOT, ROOT / "pyproject.toml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "4 kept, 0 broken" in proc.stdout
+
+
+@pytest.mark.parametrize("culprit, contract", [
+    ("talr/losses.py", "The paper maths imports only"),       # maths reaching for a trainer library
+    ("muscle/masks.py", "The library never imports the experiments"),
+    ("utils/labels.py", "No import cycles"),                   # utils -> talr while talr imports utils
+])
+def test_a_bad_import_breaks_a_contract(tmp_path, culprit, contract):
+    """The same contracts on a copy of the source with one bad import added: lint-imports must fail, naming it."""
+    import shutil
+
+    shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    bad = {"talr/losses.py": "import transformers  # noqa\n",
+           "muscle/masks.py": "from ..experiments import sweeps  # noqa\n",
+           "utils/labels.py": "from ..talr import losses  # noqa\n"}[culprit]
+    path = tmp_path / "src" / "adaptguard" / culprit
+    path.write_text(path.read_text() + bad)
+    proc = lint_imports(tmp_path, tmp_path / "pyproject.toml")
+    assert proc.returncode != 0
+    broken = proc.stdout[proc.stdout.index("Broken contracts"):]
+    assert contract in broken, proc.stdout[-3000:]
+
+
+def test_importing_the_maths_loads_no_glue():
+    """At run time too: the maths modules pull in neither TRL, transformers, datasets, lm-eval nor matplotlib."""
+    code = textwrap.dedent(f"""
+        import importlib, sys
+        for name in {MATHS!r}:
+            importlib.import_module(name)
+        heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'trl', 'transformers', 'datasets', 'lm_eval',
+                        'matplotlib', 'peft', 'accelerate', 'pluggy'}})
+        print(','.join(heavy))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == ""
