@@ -63,3 +63,10 @@ def test_importing_the_maths_loads_no_glue():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == ""
+
+
+def test_ruff_passes():
+    """The code passes the ruff configuration of pyproject.toml."""
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "src", "tests", "lm_eval_tasks",
+                           "examples", "benchmarks", "plugins"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
