@@ -65,6 +65,7 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from adaptguard.muscle.losses import muscle_token_loss
+    from adaptguard.muscle.masks import student_wrong
 
     trainer = make_trainer(embedded_path, update, tmp_path, temperature=2.0, ce_weight=0.5)
     # make the student differ from its initial (= new teacher) weights, as after some training
@@ -83,7 +84,7 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path):
         new = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(embedded_path),
                                         update / "v2_adapter")(**model_inputs).logits
     labels = torch.cat([batch["labels"][:, 1:], torch.full_like(batch["labels"][:, :1], -100)], 1)
-    per_token, m = muscle_token_loss(student, old, new, labels, temperature=2.0)
+    per_token, m = muscle_token_loss(student, old, new, labels, student_wrong, temperature=2.0)
     n = (labels != -100).sum()
     ce = torch.nn.functional.cross_entropy(student.reshape(-1, student.shape[-1]), labels.reshape(-1),
                                            ignore_index=-100, reduction="sum") / n

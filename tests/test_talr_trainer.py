@@ -141,6 +141,48 @@ def test_two_processes_give_the_big_batch_update(embedded_path, tmp_path):
     assert_same_update(single, {n: ddp[n] for n in single}, init)
 
 
+TOKEN_ANALYSIS_DDP_SCRIPT = """
+import json, sys, torch, torch.distributed as dist
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+sys.path.insert(0, {tests!r})
+from conftest import cpu_args
+from test_talr_trainer import ROWS
+from adaptguard import TALRTrainer
+path, out = sys.argv[1], sys.argv[2]
+model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+scored = []
+def collective(module, args):  # as under FSDP/ZeRO-3: an eval forward needs every rank (else all_reduce hangs)
+    if not module.training:
+        dist.all_reduce(torch.ones(1))
+        scored.append(1)
+model.register_forward_pre_hook(collective)
+args = cpu_args(out, num_train_epochs=2, per_device_train_batch_size=4, token_analysis=True,
+                token_analysis_examples=[0], token_analysis_max_examples=4, per_device_eval_batch_size=2)
+trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+trainer.train()
+print(json.dumps({{"rank": trainer.accelerator.process_index, "eval_forwards": len(scored)}}))
+"""
+
+
+def test_token_analysis_runs_on_every_rank(embedded_path, tmp_path):
+    """Under 2 processes every rank scores the analysed rows (a forward that needs all ranks completes: no hang)
+    and only the main process writes the report."""
+    script = tmp_path / "ta.py"
+    script.write_text(TOKEN_ANALYSIS_DDP_SCRIPT.format(tests=str(ROOT / "tests")))
+    out = tmp_path / "ta"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(script), str(embedded_path), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')]
+    # before training and after each of 2 epochs, 4 rows in batches of 2: 3 x 2 forwards on each rank
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["eval_forwards"] == 6 for r in ranks), ranks
+    report = json.loads((out / "token_analysis" / "token_analysis.json").read_text())
+    assert [e["epoch"] for e in report["epochs"]] == [0.0, 1.0, 2.0] and report["epochs"][0]["n_tokens"] > 0
+
+
 def test_l2_adds_lambda_times_squared_distance(tiny, tmp_path):
     model, tok = tiny
     data = Dataset.from_list(ROWS)
@@ -346,7 +388,7 @@ def test_empty_completion_mask_gives_zero_loss_and_one_warning(tiny, tmp_path, c
     batch = first_batch(trainer)
     batch["labels"] = torch.full_like(batch["labels"], -100)
     trainer.model.train()
-    with caplog.at_level(logging.WARNING, logger="adaptguard.talr_trainer"):
+    with caplog.at_level(logging.WARNING, logger="adaptguard.talr.trainer"):
         for _ in range(2):
             loss = trainer.compute_loss(trainer.model, dict(batch))
             assert loss.item() == 0.0
