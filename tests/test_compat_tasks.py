@@ -4,7 +4,6 @@ one as reference, flips in the results table."""
 import json
 import subprocess
 import sys
-from importlib.metadata import entry_points
 
 import pytest
 from conftest import ROOT
@@ -130,13 +129,29 @@ def test_plain_lm_eval_with_tasks_dir(embedded_path, tmp_path):
     assert "acc" in results(tmp_path / "plain")["compat_piqa"].__repr__()
 
 
-def test_lm_eval_tasks_entry_point_declared():
-    eps = [ep for ep in entry_points(group="lm_eval.tasks") if ep.name == "adaptguard"]
-    assert eps, "the lm_eval.tasks entry point proposed upstream is not declared"
-    module = eps[0].load()
-    from pathlib import Path
+def test_gathered_include_path_holds_every_task_dir(tmp_path):
+    """`adaptguard lm-eval` passes lm-eval one --include_path: a folder gathering the user's task directory and every
+    plugin's. lm-eval's own TaskManager must find the tasks of both there, nothing being patched."""
+    from lm_eval.tasks import TaskManager
 
-    assert (Path(module.__file__).parent / "compat" / "compat_piqa.yaml").exists()
+    from adaptguard.compat.harness import gathered_include_path
+    from adaptguard.plugins import lm_eval_task_dirs
+
+    user = tmp_path / "my_tasks"
+    (user / "sub").mkdir(parents=True)
+    (user / "sub" / "my_task.yaml").write_text((ROOT / "lm_eval_tasks" / "compat" / "compat_piqa.yaml").read_text()
+                                               .replace("task: compat_piqa", "task: my_task"))
+    (user / "sub" / "utils.py").write_text((ROOT / "lm_eval_tasks" / "compat" / "utils.py").read_text())
+    gathered = gathered_include_path([user, *lm_eval_task_dirs()], tmp_path / "gathered")
+    assert (gathered / "0-my_tasks" / "sub" / "my_task.yaml").read_text() == (user / "sub" / "my_task.yaml").read_text()
+    manager = TaskManager(include_path=str(gathered))
+    assert {"my_task", "compat_piqa", "compat_gsm8k", "drift_bsc_next_bit"} <= set(manager.all_tasks)
+
+
+def test_lm_eval_cli_refuses_a_missing_include_path(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "lm-eval", "--tasks", "compat_piqa",
+                           "--include_path", str(tmp_path / "nope")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and f"--include_path {tmp_path / 'nope'}: no such directory" in proc.stderr
 
 
 def test_no_group_or_tag_collides_with_the_wildcard():
