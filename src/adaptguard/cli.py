@@ -101,9 +101,11 @@ def _lm_eval(ns: argparse.Namespace) -> int:
 def _cache_logits(ns: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .muscle.logit_cache import cache_logits_for_training
+    from .muscle.logit_cache import cache_logits_for_training, is_logit_cache
     from .utils.data import load_any_dataset
+    from .utils.files import check_replaceable
 
+    check_replaceable(Path(ns.out), is_logit_cache, "a logit cache", "--out")  # before loading anything
     old = AutoModelForCausalLM.from_pretrained(ns.old_model)
     if ns.old_adapter:
         from peft import PeftModel
@@ -203,8 +205,9 @@ def _drift_corrupt(ns: argparse.Namespace) -> int:
 
     from .drift.data import corrupt_to_similarity, kept_fraction
     from .utils.data import load_any_dataset
-    from .utils.files import write_dataset
+    from .utils.files import check_dataset_output, write_dataset
 
+    check_dataset_output(ns.out, "--out")  # refuse to replace a user's directory before any work
     tokenizer = AutoTokenizer.from_pretrained(_default_model(ns.tokenizer), trust_remote_code=False)
     data = corrupt_to_similarity(load_any_dataset(ns.dataset, ns.split), ns.r, tokenizer, n_strings=ns.n_strings,
                                  length=ns.length, seed=ns.seed, text_column=ns.text_column)
@@ -216,7 +219,7 @@ def _drift_corrupt(ns: argparse.Namespace) -> int:
 def _drift_styles(ns: argparse.Namespace) -> int:
     from .drift.data import PROMPT_STYLES, reformat_prompt_style
     from .utils.data import load_any_dataset
-    from .utils.files import write_dataset
+    from .utils.files import check_dataset_output, write_dataset
 
     if ns.style != "list" and ns.style not in PROMPT_STYLES:
         raise ValueError(f"--style: unknown style {ns.style!r}; valid: list, {', '.join(PROMPT_STYLES)}")
@@ -226,6 +229,7 @@ def _drift_styles(ns: argparse.Namespace) -> int:
         return 0
     if not (ns.dataset and ns.out):
         raise ValueError("give DATASET and --out (or --style list)")
+    check_dataset_output(ns.out, "--out")
     data = reformat_prompt_style(load_any_dataset(ns.dataset, ns.split), ns.style,
                                  question_column=ns.question_column, answer_column=ns.answer_column)
     write_dataset(data, ns.out)
@@ -255,7 +259,10 @@ def _select(ns: argparse.Namespace) -> int:
     import json
 
     from .selection.jobs import run_select
+    from .utils.files import check_dataset_output
 
+    if ns.out is not None:
+        check_dataset_output(ns.out, "--out")  # before the embedded default model is built or loaded
     report = run_select(ns.target, ns.candidates, model=_default_model(ns.model), embedder=ns.embedder, p=ns.p,
                         method=ns.method, feature=ns.feature, k=ns.k, seed=ns.seed, out=ns.out,
                         max_examples=ns.max_examples, text_column=ns.text_column, split=ns.split, device=ns.device)

@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..utils.files import replace_dir
+from ..utils.files import check_replaceable, replace_dir
 from ..utils.labels import shifted_labels
 
 CACHE_VERSION = 1
@@ -129,6 +129,12 @@ class LogitCache:
         return TopKLogProbs(logp, idx, rest)
 
 
+def is_logit_cache(path: Path) -> bool:
+    """Whether `path` holds only what `build_logit_cache` writes."""
+    return (path / "cache.json").is_file() and all(
+        e.name == "cache.json" or (e.name.startswith("shard-") and e.suffix == ".safetensors") for e in path.iterdir())
+
+
 @torch.no_grad()
 def build_logit_cache(model, tokenizer, dataset, data_collator, out_dir: str | Path, k: int = 64,
                       batch_size: int = 8, rows_per_shard: int = 10_000, model_name: str = "") -> Path:
@@ -140,6 +146,7 @@ def build_logit_cache(model, tokenizer, dataset, data_collator, out_dir: str | P
         if column not in dataset.column_names:
             raise ValueError(f"the dataset has no {column!r} column: pass a dataset prepared by the trainer")
     out_dir = Path(out_dir)
+    check_replaceable(out_dir, is_logit_cache, "a logit cache", "out_dir")  # before the model pass, never after
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     was_training = model.training
@@ -189,7 +196,7 @@ def build_logit_cache(model, tokenizer, dataset, data_collator, out_dir: str | P
         raise
     finally:
         model.train(was_training)
-    replace_dir(tmp, out_dir)
+    replace_dir(tmp, out_dir, is_logit_cache, "a logit cache")
     return out_dir
 
 

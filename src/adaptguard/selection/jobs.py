@@ -75,6 +75,10 @@ def run_select(target: str, candidates: Sequence[str], *, model: str | Path, emb
     from ..utils.data import load_any_dataset
 
     embed = get_embedder(embedder)
+    if out is not None:
+        from ..utils.files import check_dataset_output
+
+        check_dataset_output(out, "out")  # refuse to replace a user's directory before any work
     candidates = list(candidates)
     if not candidates:
         raise ValueError("candidates: empty; give at least one candidate dataset")
