@@ -270,6 +270,19 @@ def _select(ns: argparse.Namespace) -> int:
     return 0
 
 
+def finite_float(text: str) -> float:
+    """argparse type: a float that is not NaN or infinite (argparse's float accepts "nan" and "inf")."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptguard", description="Adapt and update LLMs without breaking "
                                      "what already works.")
@@ -330,9 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = drift.add_subparsers(dest="drift_command", required=True)
     bound = dsub.add_parser("bound", help="Evaluate Theorem A2's lower bound f(r), print its maximiser, plot it.")
     # defaults: App. B's setting (d = L = 64, delta = 0.2, n0 = 100000, n1 = 16384); lambda, mu are free
-    for flag, kind, default in (("--n", int, 116384), ("--d", int, 64), ("--alpha-i", float, 0.1408),
-                                ("--alpha-j", float, 0.8592), ("--delta", float, 0.2), ("--k-mis", float, 1.0),
-                                ("--lambda-l", float, 0.5), ("--mu-l", float, 0.09), ("--points", int, 201)):
+    for flag, kind, default in (("--n", int, 116384), ("--d", int, 64), ("--alpha-i", finite_float, 0.1408),
+                                ("--alpha-j", finite_float, 0.8592), ("--delta", finite_float, 0.2),
+                                ("--k-mis", finite_float, 1.0), ("--lambda-l", finite_float, 0.5),
+                                ("--mu-l", finite_float, 0.09), ("--points", int, 201)):
         bound.add_argument(flag, type=kind, default=default, help=f"default {default}")
     bound.add_argument("--out", default="theorem_a2.png", help="PNG to write")
     bound.set_defaults(func=_drift_bound, command="drift bound")
@@ -345,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.set_defaults(func=_drift_experiment, command="drift experiment")
     cor = dsub.add_parser("corrupt", help="Algorithm C1: make a dataset of similarity r to the original (token level).")
     cor.add_argument("dataset", help="Hub name, save_to_disk dir or .json/.jsonl/.csv/.parquet file")
-    cor.add_argument("--r", type=float, required=True, help="fraction of tokens kept, in [0, 1]")
+    cor.add_argument("--r", type=finite_float, required=True, help="fraction of tokens kept, in [0, 1]")
     cor.add_argument("--tokenizer", help="Hub id or path (default: the embedded tiny model's)")
     cor.add_argument("--out", required=True, help=".jsonl file or directory (save_to_disk)")
     cor.add_argument("--text-column", default="text")
@@ -367,13 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
                            "intermediate band where paper 000 predicts the most drift.")
     risk.add_argument("--finetune", required=True)
     risk.add_argument("--keep", nargs="+", required=True)
-    risk.add_argument("--band", nargs=2, type=float, default=[0.25, 0.55], metavar=("LOW", "HIGH"))
+    risk.add_argument("--band", nargs=2, type=finite_float, default=[0.25, 0.55], metavar=("LOW", "HIGH"))
     risk.add_argument("--json", help="also write the report here")
     sel = sub.add_parser("select", help="Consistency/diversity task selection (paper 001 Algorithm 1); writes a "
                          "mixture dataset of the selected tasks for multitask SFT.")
     sel.add_argument("--target", required=True)
     sel.add_argument("--candidates", nargs="+", required=True)
-    sel.add_argument("--p", type=float, default=0.05, help="minimum relative coverage gain to add a task")
+    sel.add_argument("--p", type=finite_float, default=0.05, help="minimum relative coverage gain to add a task")
     sel.add_argument("--method", default="full", choices=["full", "no_consistency", "no_diversity", "random"])
     sel.add_argument("--feature", default="mean", choices=["mean", "pc1"])
     sel.add_argument("--k", type=int, help="number of tasks for the no_diversity/random ablations")

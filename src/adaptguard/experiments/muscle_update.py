@@ -60,6 +60,31 @@ class UpdateConfig:
     lm_eval_metadata: dict = field(default_factory=dict)
     lm_eval_gen_kwargs: dict | None = None
 
+    def __post_init__(self):
+        """Validate everything before any work (a bad field must not surface after two adapters are trained)."""
+        from ..plugins import get_muscle_mask
+        from ..utils.checks import check_finite
+
+        kinds = {"int": int, "float": (int, float), "str": str, "bool": bool, "dict": dict, "list": list}
+        for f in dataclasses.fields(self):
+            value, allowed = getattr(self, f.name), str(f.type).replace(" ", "").split("|")
+            if value is None and "None" in allowed:
+                continue
+            types = tuple(t for name in allowed if name in kinds for t in
+                          (kinds[name] if isinstance(kinds[name], tuple) else (kinds[name],)))
+            if types and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+                raise ValueError(f"{f.name} must be {' or '.join(allowed)}, got {value!r}")
+        check_finite(self, [f.name for f in dataclasses.fields(self) if "float" in str(f.type)])
+        for name in ("lora_r", "lora_alpha", "batch_size", "max_length", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        for name in ("task_learning_rate", "task_epochs", "compat_learning_rate", "compat_epochs", "temperature"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.ce_weight < 0:
+            raise ValueError(f"ce_weight must be ≥ 0, got {self.ce_weight}")
+        get_muscle_mask(self.mask)  # an unknown mask name fails here, with the known ones
+
     @classmethod
     def from_file(cls, path: str | Path) -> UpdateConfig:
         path = Path(path)

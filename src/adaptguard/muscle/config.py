@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
+from ..utils.checks import check_finite
+
 
 @dataclass
 class MUSCLEConfig(SFTConfig):
@@ -53,6 +55,7 @@ class MUSCLEConfig(SFTConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        check_finite(self, ("learning_rate", "temperature", "ce_weight"))
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.ce_weight < 0:

@@ -5,6 +5,7 @@ from typing import Any
 
 from trl import SFTConfig
 
+from ..utils.checks import check_finite
 from .losses import check_weight_floor
 
 
@@ -80,6 +81,8 @@ class TALRConfig(SFTConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        check_finite(self, ("learning_rate", "talr_tau", "talr_weight_floor", "l2_lambda", "kl_beta", "flow_tau",
+                            "wise_ft_alpha"))
         check_weight_floor(self.talr_weight_floor)
         if self.talr_tau is not None and not self.talr_tau > 0:
             raise ValueError(f"talr_tau must be > 0, or None for the dynamic median; got {self.talr_tau}")
