@@ -251,3 +251,24 @@ def test_bad_input_messages(lm_runs, tmp_path):
     shutil.copy(samples_file(lm_runs / "new", "t_gsm"), one_task)
     proc = run_cli("compare", lm_runs / "old", one_task)
     assert proc.returncode == 2 and "different tasks" in proc.stderr and "t_piqa" in proc.stderr
+
+
+@pytest.mark.parametrize("task, edit, message", [
+    ("t_piqa", lambda rec: rec["filtered_resps"][0].__setitem__(0, "NaN"), "log-likelihood 'NaN' in filtered_resps"),
+    ("t_piqa", lambda rec: rec.__setitem__("acc", float("nan")), "metric 'acc' is nan, not a finite number"),
+    ("t_piqa", lambda rec: rec.__setitem__("acc", "yes"), "metric 'acc' is 'yes', not a number"),
+])
+def test_compare_refuses_non_finite_scores(lm_runs, tmp_path, task, edit, message):
+    """A NaN log-likelihood or a non-numeric/NaN correctness score is bad input: exit 2 naming file and line."""
+    from lm_eval_runs import samples_file
+
+    run = copy_run(lm_runs / "new", tmp_path / "bad")
+    f = samples_file(run, task)
+    lines = f.read_text().splitlines()
+    rec = json.loads(lines[4])
+    edit(rec)
+    lines[4] = json.dumps(rec)  # json writes NaN as the token NaN, as Python's json.dumps does for lm-eval
+    f.write_text("\n".join(lines) + "\n")
+    proc = run_cli("compare", lm_runs / "old", run, "--json", tmp_path / "x.json")
+    assert proc.returncode == 2 and f"{f}:5: {message}" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "x.json").exists()

@@ -9,9 +9,11 @@ Works for any lm-eval task logged with `--log_samples`:
 
 from __future__ import annotations
 
+import math
+
 from ..plugins import get_similarity
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
-from .runs import RunError, Sample, TaskRun, prediction, read_run
+from .runs import RunError, Sample, TaskRun, check_log_likelihoods, prediction, read_run
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
 
@@ -43,8 +45,14 @@ def check_same_setup(old: TaskRun, new: TaskRun, labels=("old", "new")) -> None:
 def choose_metric(run: TaskRun, filt: str, requested: str | None) -> str | None:
     """The 0/1 correctness metric of a task: `requested`, else the first of acc/exact_match/em present."""
     samples = [s for (f, _), s in run.samples.items() if f == filt]
-    names = [requested] if requested else [m for m in CORRECTNESS_METRICS if m in samples[0].metrics]
+    names = [requested] if requested else [m for m in CORRECTNESS_METRICS
+                                            if m in samples[0].metrics or m in samples[0].other_metrics]
     for name in names:
+        for s in samples:
+            if name in s.other_metrics:
+                raise RunError(f"{s.where or run.path}: metric {name!r} is {s.other_metrics[name]!r}, not a number")
+            if name in s.metrics and not math.isfinite(s.metrics[name]):
+                raise RunError(f"{s.where or run.path}: metric {name!r} is {s.metrics[name]}, not a finite number")
         values = [s.metrics.get(name) for s in samples]
         if any(v is None for v in values):
             raise RunError(f"{run.path}: metric {name!r} is missing from some samples of task {run.task!r}")
@@ -69,6 +77,8 @@ def _references(sample: Sample) -> list[str]:
 
 
 def _flips(old: list[Sample], new: list[Sample], metric: str, n_boot: int, seed: int) -> dict:
+    for s in (*old, *new):
+        check_log_likelihoods(s)
     preds = [prediction(s.response) for s in old], [prediction(s.response) for s in new]
     have = all(p is not None for p in preds[0] + preds[1])
     return flip_metrics([s.metrics[metric] for s in old], [s.metrics[metric] for s in new],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,9 @@ class Sample:
     prompt_hash: str | None
     target: object
     response: object  # filtered_resps
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # the numeric per-sample metrics (NaN kept: it is refused where it is used)
+    where: str = ""  # file:line (or the in-memory source) for messages
+    other_metrics: dict[str, object] = field(default_factory=dict)  # listed metrics that are not numbers
 
 
 @dataclass
@@ -102,9 +105,13 @@ def _read_samples(samples_file: Path) -> dict[tuple[str, int], Sample]:
                 if not line.strip():
                     continue
                 try:
-                    yield f"{samples_file}:{line_no}", orjson.loads(line)
-                except orjson.JSONDecodeError as err:
-                    raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err})") from err
+                    rec = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    try:  # lm-eval writes Python's json, whose NaN/Infinity tokens orjson refuses
+                        rec = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err})") from err
+                yield f"{samples_file}:{line_no}", rec
 
     samples = samples_from_records(records())
     if not samples:
@@ -119,11 +126,12 @@ def samples_from_records(records) -> dict[tuple[str, int], Sample]:
     for where, rec in records:
         try:
             key = (str(rec.get("filter", "none")), int(rec["doc_id"]))
-            metrics = {name: float(rec[name]) for name in rec.get("metrics", []) if name in rec
-                       and isinstance(rec[name], (int, float, bool))}
+            listed = {name: rec[name] for name in rec.get("metrics", []) if name in rec}
+            metrics = {name: float(v) for name, v in listed.items() if isinstance(v, (int, float, bool))}
             sample = Sample(doc_id=key[1], filter=key[0], doc_hash=rec.get("doc_hash"),
                             target_hash=rec.get("target_hash"), prompt_hash=rec.get("prompt_hash"),
-                            target=rec.get("target"), response=rec["filtered_resps"], metrics=metrics)
+                            target=rec.get("target"), response=rec["filtered_resps"], metrics=metrics, where=where,
+                            other_metrics={k: v for k, v in listed.items() if k not in metrics})
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise RunError(f"{where}: not an lm-eval sample record ({err!r} missing or malformed; expected "
                            "doc_id, filtered_resps)") from err
@@ -131,6 +139,20 @@ def samples_from_records(records) -> dict[tuple[str, int], Sample]:
             raise RunError(f"{where}: doc_id {key[1]} appears twice for filter {key[0]!r}")
         samples[key] = sample
     return samples
+
+
+def check_log_likelihoods(sample: Sample) -> None:
+    """A multiple-choice response's log-likelihoods must be finite numbers (a NaN would silently pick a choice)."""
+    resp = sample.response
+    if isinstance(resp, (list, tuple)) and resp and all(isinstance(r, (list, tuple)) and len(r) == 2 for r in resp):
+        for r in resp:
+            try:
+                ok = math.isfinite(float(r[0]))
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise RunError(f"{sample.where or f'doc_id {sample.doc_id}'}: log-likelihood {r[0]!r} in filtered_resps "
+                               "is not a finite number")
 
 
 def prediction(response):
