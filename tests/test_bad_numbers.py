@@ -53,3 +53,34 @@ def test_update_validates_the_config_before_any_work(tmp_path, field, value, mes
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "o").exists()
+
+
+def test_empty_completions_are_refused_before_training(tmp_path, embedded_path):
+    """A training set whose completions are all empty would fit only EOS and report accuracy 0: refused up front,
+    naming the dataset and the column, for TALRTrainer, MUSCLETrainer and `adaptguard update`."""
+    from datasets import Dataset
+
+    from adaptguard import MUSCLEConfig, MUSCLETrainer, TALRConfig, TALRTrainer
+
+    empty = Dataset.from_list([{"prompt": "a b", "completion": " "}, {"prompt": "c", "completion": ""}])
+    args = TALRConfig(output_dir=str(tmp_path / "t"), use_cpu=True, bf16=False, report_to="none")
+    with pytest.raises(ValueError, match="train_dataset: every row's 'completion' is empty"):
+        TALRTrainer(model=str(embedded_path), args=args, train_dataset=empty)
+    chat = Dataset.from_list([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}])
+    with pytest.raises(ValueError, match="every assistant turn of 'messages' is empty"):
+        TALRTrainer(model=str(embedded_path), args=args, train_dataset=chat)
+    with pytest.raises(ValueError, match="train_dataset: every row's 'completion' is empty"):
+        MUSCLETrainer(model=str(embedded_path), args=MUSCLEConfig(output_dir=str(tmp_path / "m"), use_cpu=True,
+                                                                 bf16=False, new_adapter=str(tmp_path / "a")),
+                      train_dataset=empty)
+    one = Dataset.from_list([{"prompt": "a b", "completion": ""}, {"prompt": "c", "completion": " d"}])
+    TALRTrainer(model=str(embedded_path), args=args, train_dataset=one)  # one real completion is enough
+
+    config = tmp_path / "update.json"
+    rows = [{"prompt": "q", "completion": ""}]
+    config.write_text(json.dumps({"old_base": str(embedded_path), "new_base": str(embedded_path), "train": rows,
+                                  "test": [{"prompt": "q", "completion": " a"}]}))
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "train: every row's 'completion' is empty" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "o" / "v1_task_adapter").exists()

@@ -236,6 +236,8 @@ def run_update(cfg: UpdateConfig) -> dict:
     for name, rows in (("train", train_rows), ("test", test_rows)):
         if not rows or not {"prompt", "completion"} <= set(rows[0]):
             raise ValueError(f"the {name} set must be non-empty prompt/completion rows")
+    if not any(str(r["completion"]).strip() for r in train_rows):
+        raise ValueError(f"train: every row's 'completion' is empty ({len(train_rows)} rows): nothing to learn")
 
     timings = {}
     t = time.perf_counter()

@@ -8,6 +8,7 @@ from trl import SFTTrainer
 
 from ..plugins import get_muscle_mask
 from ..trl_adapter import SFTBookkeeping
+from ..utils.checks import check_completions
 from ..utils.labels import IGNORE_INDEX, shifted_labels
 from .config import MUSCLEConfig
 from .logit_cache import LogitCache, row_fingerprint
@@ -75,6 +76,7 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         if args.new_adapter is None:
             raise ValueError("MUSCLEConfig.new_adapter is required: the v2 task LoRA adapter to start from")
         self._mask = get_muscle_mask(args.mask)  # unknown names fail before anything loads
+        check_completions(kwargs.get("train_dataset", pos_args[1] if len(pos_args) > 1 else None))
         if isinstance(model, PeftModel):
             raise ValueError("pass the new base model, not a PeftModel: the adapters come from args.new_adapter")
         if isinstance(model, str):

@@ -15,6 +15,7 @@ from trl import SFTConfig, SFTTrainer
 
 from ..plugins import get_token_weighting
 from ..trl_adapter import SFTBookkeeping, add_fused_lm_head
+from ..utils.checks import check_completions
 from .callbacks import TokenAnalysisCallback, WiseFTCallback
 from .config import TALRConfig
 from .losses import flow_sequence_weights, k3_kl, l2_to_init, sequence_mean_nll
@@ -87,6 +88,7 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
             raise ValueError(f"TALRTrainer replaces loss_type; got loss_type={args.loss_type!r}. "
                              "For DFT use weighting='dft'.")
         self._weighting = get_token_weighting(args.weighting)
+        check_completions(kwargs.get("train_dataset", pos_args[1] if len(pos_args) > 1 else None))
         if args.flow and (args.packing or args.padding_free):
             raise ValueError("flow=True weights whole sequences and cannot be combined with packing or padding_free.")
         super().__init__(model, args, *pos_args, **kwargs)

@@ -12,3 +12,30 @@ def check_finite(obj, names: tuple[str, ...] | list[str]) -> None:
         value = getattr(obj, name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value}")
+
+
+def _text(value) -> str:
+    """The text of a completion: a string, or the contents of a list of chat messages."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(m.get("content") or "" if isinstance(m, dict) else str(m) for m in value)
+    return "" if value is None else str(value)
+
+
+def check_completions(dataset, name: str = "train_dataset") -> None:
+    """Refuse a dataset in which every completion is empty (prompt/completion rows, or chat `messages` whose
+    assistant turns are all empty): training would fit only the end-of-sequence token and report accuracy 0.
+    Datasets that are not map-style or have neither column are left alone."""
+    columns = getattr(dataset, "column_names", None)
+    if not columns or len(dataset) == 0:
+        return
+    if "completion" in columns:
+        if not any(_text(c).strip() for c in dataset["completion"]):
+            raise ValueError(f"{name}: every row's 'completion' is empty ({len(dataset)} rows): nothing to learn; "
+                             "check the dataset's completion column")
+    elif "messages" in columns:
+        turns = [m for messages in dataset["messages"] for m in messages or [] if m.get("role") == "assistant"]
+        if turns and not any(_text(m.get("content")).strip() for m in turns):
+            raise ValueError(f"{name}: every assistant turn of 'messages' is empty ({len(dataset)} rows): nothing "
+                             "to learn")
