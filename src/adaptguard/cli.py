@@ -39,6 +39,10 @@ def _compare(ns: argparse.Namespace) -> int:
     from .compat.compare import compare_runs
     from .compat.report import to_text, write_outputs
 
+    if ns.plot:
+        from .utils.figures import check_figure_path
+
+        check_figure_path(ns.plot, "--plot")  # before reading the runs
     report = compare_runs(ns.old, ns.new, similarity=ns.similarity, metric=ns.metric,
                           compatible_path=ns.compatible, n_boot=ns.n_boot, seed=ns.seed)
     print(to_text(report))
@@ -102,10 +106,13 @@ def _cache_logits(ns: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .muscle.logit_cache import cache_logits_for_training, is_logit_cache
-    from .utils.data import load_any_dataset
+    from .utils.data import check_local_path, load_any_dataset
     from .utils.files import check_replaceable
 
     check_replaceable(Path(ns.out), is_logit_cache, "a logit cache", "--out")  # before loading anything
+    for name, value in (("--old-model", ns.old_model), ("--old-adapter", ns.old_adapter), ("--tokenizer", ns.tokenizer)):
+        if value:
+            check_local_path(value, name)
     old = AutoModelForCausalLM.from_pretrained(ns.old_model)
     if ns.old_adapter:
         from peft import PeftModel
@@ -157,6 +164,9 @@ def _update(ns: argparse.Namespace) -> int:
 def _default_model(name: str | None) -> str:
     """The embedded default when no model is named: every command runs offline."""
     if name:
+        from .utils.data import check_local_path
+
+        check_local_path(name, "model")
         return name
     from .experiments.embedded import embedded_model_path
 
@@ -283,6 +293,17 @@ def finite_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="adaptguard", description="Adapt and update LLMs without breaking "
                                      "what already works.")
@@ -304,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--json", help="write the metrics as JSON")
     cmp.add_argument("--markdown", help="write the table as Markdown")
     cmp.add_argument("--plot", help="draw the flip quadrants as PNG")
-    cmp.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals")
+    cmp.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples for the intervals")
     cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     cmp.set_defaults(func=_compare)
     tdir = sub.add_parser("tasks-dir", help="Print adaptguard's lm-eval task directory, for "
@@ -326,9 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
                        ".parquet file, in any format SFTTrainer accepts")
     cache.add_argument("--split", default="train")
     cache.add_argument("--out", required=True, help="cache directory to write")
-    cache.add_argument("--k", type=int, default=64, help="top-k log-probabilities kept per token (default 64)")
-    cache.add_argument("--max-length", type=int, default=1024, help="must equal the trainer's max_length")
-    cache.add_argument("--batch-size", type=int, default=8)
+    cache.add_argument("--k", type=positive_int, default=64, help="top-k log-probabilities kept per token (default 64)")
+    cache.add_argument("--max-length", type=positive_int, default=1024, help="must equal the trainer's max_length")
+    cache.add_argument("--batch-size", type=positive_int, default=8)
     cache.set_defaults(func=_cache_logits)
     upd = sub.add_parser("update", help="Paper 002's update experiment: task adapters on v1 and v2, compatibility, "
                          "MUSCLE compatibility adapter, report.")
@@ -354,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "next-bit loss on the base string for r in {0, 1/8, ..., 7/8}.")
     exp.add_argument("--quick", action="store_true", help="a smaller sweep (under 2 minutes on 2 CPU cores)")
     exp.add_argument("--out", default="drift-out")
-    exp.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the models are tiny)")
+    exp.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1: the models are tiny)")
     exp.add_argument("--seeds", type=int, help="repetitions (seeds 0..N-1) per r; default 5, 2 with --quick")
     exp.set_defaults(func=_drift_experiment, command="drift experiment")
     cor = dsub.add_parser("corrupt", help="Algorithm C1: make a dataset of similarity r to the original (token level).")
@@ -364,8 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     cor.add_argument("--out", required=True, help=".jsonl file or directory (save_to_disk)")
     cor.add_argument("--text-column", default="text")
     cor.add_argument("--split", default="train")
-    cor.add_argument("--n-strings", type=int, default=8)
-    cor.add_argument("--length", type=int, default=2048)
+    cor.add_argument("--n-strings", type=positive_int, default=8)
+    cor.add_argument("--length", type=positive_int, default=2048)
     cor.add_argument("--seed", type=int, default=0)
     cor.set_defaults(func=_drift_corrupt, command="drift corrupt")
     sty = dsub.add_parser("styles", help="Reformat a question/answer dataset in one of the prompt styles of "
@@ -390,12 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
     sel.add_argument("--p", type=finite_float, default=0.05, help="minimum relative coverage gain to add a task")
     sel.add_argument("--method", default="full", choices=["full", "no_consistency", "no_diversity", "random"])
     sel.add_argument("--feature", default="mean", choices=["mean", "pc1"])
-    sel.add_argument("--k", type=int, help="number of tasks for the no_diversity/random ablations")
+    sel.add_argument("--k", type=positive_int, help="number of tasks for the no_diversity/random ablations")
     sel.add_argument("--out", help="write the mixture here (.jsonl file or directory)")
     for p in (risk, sel):
         p.add_argument("--model", help="embedding model, Hub id or path (default: the embedded tiny model)")
         p.add_argument("--embedder", default="mean_pooled", help="registered embedder (mean_pooled, sentence, ...)")
-        p.add_argument("--max-examples", type=int, default=256, help="rows embedded per dataset (seeded sample)")
+        p.add_argument("--max-examples", type=positive_int, default=256, help="rows embedded per dataset (seeded sample)")
         p.add_argument("--text-column", default="text")
         p.add_argument("--split", default="train")
         p.add_argument("--seed", type=int, default=0)
@@ -422,9 +443,14 @@ def main(argv: list[str] | None = None) -> int:
 def _guarded(command: str, fn) -> int:
     try:
         return fn()
-    except (ValueError, FileNotFoundError) as err:
-        print(f"adaptguard {command}: error: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:  # bad input, and file-system errors (a directory, no permission, ...)
+        detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename and err.strerror \
+            else str(err)
+        print(f"adaptguard {command}: error: {detail}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"adaptguard {command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -119,13 +119,17 @@ def plot_quadrants(report: dict, path: Path) -> None:
 
 
 def write_outputs(report: dict, json_path=None, markdown_path=None, plot_path=None) -> None:
-    """Render everything first, then write each file atomically (no half-written report)."""
+    """Render the texts, draw and write the figure (the step most likely to fail), then write the texts; each file
+    atomically, so a failure or an interruption leaves no half-written file and no report without its figure."""
     rendered = []
     if json_path:
         rendered.append((Path(json_path), to_json(report)))
     if markdown_path:
         rendered.append((Path(markdown_path), to_markdown(report)))
-    for path, text in rendered:
-        atomic_write_text(path, text)
+    for path, _ in rendered:
+        if path.is_dir():
+            raise ValueError(f"{path}: is a directory; give a file path")
     if plot_path:
         plot_quadrants(report, Path(plot_path))
+    for path, text in rendered:
+        atomic_write_text(path, text)

@@ -84,6 +84,10 @@ class UpdateConfig:
         if self.ce_weight < 0:
             raise ValueError(f"ce_weight must be ≥ 0, got {self.ce_weight}")
         get_muscle_mask(self.mask)  # an unknown mask name fails here, with the known ones
+        from ..utils.data import check_local_path
+
+        for name in ("old_base", "new_base", *(n for n in ("train", "test") if isinstance(getattr(self, n), str))):
+            check_local_path(getattr(self, name), name)
 
     @classmethod
     def from_file(cls, path: str | Path) -> UpdateConfig:

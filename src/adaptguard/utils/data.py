@@ -4,11 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+
+
+def check_local_path(spec: str, name: str) -> None:
+    """Fail with "no such file or directory" when `spec` is written as a local path (absolute, ./ ../ ~, a data
+    file suffix, or more slashes than a Hub id's org/name) and does not exist — rather than a Hub lookup error."""
+    text = str(spec)
+    path = Path(text).expanduser()
+    looks_local = (path.is_absolute() or text.startswith((".", "~")) or path.suffix in DATA_SUFFIXES
+                   or text.count("/") > 1)
+    if looks_local and not path.exists():
+        raise ValueError(f"{name}: {text}: no such file or directory")
+
 
 def load_any_dataset(spec: str, split: str = "train"):
     """A `datasets.Dataset` from a `save_to_disk` directory, a .json/.jsonl/.csv/.parquet file, or a Hub name."""
     import datasets
 
+    check_local_path(spec, "dataset")
     path = Path(spec)
     if path.is_dir():
         if not any((path / f).exists() for f in ("dataset_dict.json", "state.json", "dataset_info.json")):

@@ -23,6 +23,20 @@ def new_figure(**kwargs: Any):
     return fig
 
 
+def check_figure_path(path: str | os.PathLike, name: str = "path") -> None:
+    """The format comes from the suffix (png, svg, pdf, ...): refuse one matplotlib cannot write, before any work."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    suffix = Path(path).suffix.lower().lstrip(".")
+    supported = FigureCanvasAgg.get_supported_filetypes()
+    if suffix not in supported:
+        raise ValueError(f"{name}: {path}: unsupported figure type {suffix or '(no suffix)'!r}; use one of "
+                         f"{', '.join(sorted(supported))}")
+
+
 def save_figure(fig, path: str | os.PathLike, **savefig_kwargs: Any) -> Path:
-    """Save `fig` as a PNG at `path` atomically (a temporary file renamed; nothing left behind on failure)."""
-    return atomic_write(path, lambda f: fig.savefig(f, format="png", **savefig_kwargs), binary=True)
+    """Save `fig` at `path` in the format its suffix names (PNG for .png, SVG for .svg, ...), atomically (a
+    temporary file renamed; nothing left behind on failure)."""
+    check_figure_path(path)
+    fmt = Path(path).suffix.lower().lstrip(".")
+    return atomic_write(path, lambda f: fig.savefig(f, format=fmt, **savefig_kwargs), binary=True)

@@ -1,5 +1,6 @@
-"""Non-finite and mistyped numbers are bad input (issue 13): every config and CLI number refuses NaN/inf naming the
-field, and `adaptguard update` validates its whole config before any training."""
+"""Bad input (issue 13) gets a clear message naming the field and exit 2, before any work: non-finite or mistyped
+numbers in configs and on the command line, `adaptguard update`'s whole config, empty training sets, missing local
+paths, file-system errors and unsupported figure types. No traceback for a user's mistake."""
 
 import json
 import subprocess
@@ -84,3 +85,54 @@ def test_empty_completions_are_refused_before_training(tmp_path, embedded_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "train: every row's 'completion' is empty" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "o" / "v1_task_adapter").exists()
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "adaptguard.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["select", "--target", "nosuch.jsonl", "--candidates", "c.jsonl", "--model", "m"],
+     "dataset: nosuch.jsonl: no such file or directory"),
+    (["cache-logits", "--old-model", "/nonexistent", "--dataset", "d.jsonl", "--out", "c"],
+     "--old-model: /nonexistent: no such file or directory"),
+    (["drift", "corrupt", "d.jsonl", "--r", "0.5", "--tokenizer", "./no/tok", "--out", "o.jsonl"],
+     "model: ./no/tok: no such file or directory"),
+    (["compare", "old", "new", "--n-boot", "0"], "--n-boot: expected a positive integer, got '0'"),
+    (["compare", "old", "new", "--n-boot", "-5"], "--n-boot: expected a positive integer, got '-5'"),
+    (["cache-logits", "--old-model", "m", "--dataset", "d", "--out", "c", "--batch-size", "0"],
+     "--batch-size: expected a positive integer, got '0'"),
+    (["compare", "old", "new", "--plot", "flips.xyz"], "--plot: flips.xyz: unsupported figure type 'xyz'"),
+])
+def test_cli_messages_name_the_argument(tmp_path, args, message):
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a b"}) + "\n")
+    proc = cli(*args, cwd=tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_update_with_a_missing_base_is_a_message(tmp_path):
+    config = tmp_path / "update.json"
+    rows = [{"prompt": "q", "completion": " a"}]
+    config.write_text(json.dumps({"old_base": str(tmp_path / "v1"), "new_base": "org/model", "train": rows,
+                                  "test": rows}))
+    proc = cli("update", config)
+    assert proc.returncode == 2 and f"old_base: {tmp_path / 'v1'}: no such file or directory" in proc.stderr
+
+
+def test_file_system_errors_are_messages(lm_runs, tmp_path):
+    (tmp_path / "adir").mkdir()
+    proc = cli("compare", lm_runs / "old", lm_runs / "new", "--json", tmp_path / "adir")
+    assert proc.returncode == 2 and "is a directory" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "afile").write_text("x")
+    proc = cli("drift", "bound", "--out", tmp_path / "afile" / "f.png")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and str(tmp_path / "afile") in proc.stderr
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_plot_suffix_gives_the_format(lm_runs, tmp_path):
+    proc = cli("compare", lm_runs / "old", lm_runs / "new", "--plot", tmp_path / "flips.svg", "--json",
+               tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "flips.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flips.svg", "r.json"]
