@@ -304,9 +304,32 @@ def positive_int(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with lm-eval/TRL habits: every `--dash-option` also answers to `--dash_option`, and a subcommand's
+    page shows its one-line help as its description."""
+
+    def add_argument(self, *names, **kwargs):
+        aliases = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]]
+        return super().add_argument(*names, *[a for a in aliases if a not in names], **kwargs)
+
+    def add_subparsers(self, **kwargs):
+        action = super().add_subparsers(**kwargs)
+        add_parser = action.add_parser
+
+        def add_with_description(name, **kw):
+            kw.setdefault("description", kw.get("help"))
+            return add_parser(name, **kw)
+
+        action.add_parser = add_with_description
+        return action
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="adaptguard", description="Adapt and update LLMs without breaking "
+    from . import __version__
+
+    parser = _Parser(prog="adaptguard", description="Adapt and update LLMs without breaking "
                                      "what already works.")
+    parser.add_argument("--version", action="version", version=f"adaptguard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="Run the end-to-end demo on the embedded default model (offline).")
     demo.add_argument("--out", default="demo-out", help="Output directory (default: demo-out).")
@@ -335,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     lme = sub.add_parser("lm-eval", help="Run the lm-eval CLI with every adaptguard (and plugin) task directory "
                          "included, e.g. `adaptguard lm-eval run --model hf ... --tasks 'compat_*'`.",
                          add_help=False)
-    lme.add_argument("args", nargs=argparse.REMAINDER)
+    lme.add_argument("args", nargs=argparse.REMAINDER, help="lm-eval's own arguments (see adaptguard lm-eval --help)")
     lme.set_defaults(func=_lm_eval)
     cache = sub.add_parser("cache-logits", help="Run the old model once over a training set and store its top-k "
                            "log-probabilities, for MUSCLETrainer (MUSCLEConfig.old_logits_cache).")
@@ -345,11 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default: the old model's; the vocabularies must be equal)")
     cache.add_argument("--dataset", required=True, help="Hub name, save_to_disk directory, or .json/.jsonl/.csv/"
                        ".parquet file, in any format SFTTrainer accepts")
-    cache.add_argument("--split", default="train")
+    cache.add_argument("--split", default="train", help="dataset split (default train)")
     cache.add_argument("--out", required=True, help="cache directory to write")
     cache.add_argument("--k", type=positive_int, default=64, help="top-k log-probabilities kept per token (default 64)")
     cache.add_argument("--max-length", type=positive_int, default=1024, help="must equal the trainer's max_length")
-    cache.add_argument("--batch-size", type=positive_int, default=8)
+    cache.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass (default 8)")
     cache.set_defaults(func=_cache_logits)
     upd = sub.add_parser("update", help="Paper 002's update experiment: task adapters on v1 and v2, compatibility, "
                          "MUSCLE compatibility adapter, report.")
@@ -374,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = dsub.add_parser("experiment", help="App. B: train small GPT-2s on base + r-similar BSC data, "
                           "next-bit loss on the base string for r in {0, 1/8, ..., 7/8}.")
     exp.add_argument("--quick", action="store_true", help="a smaller sweep (under 2 minutes on 2 CPU cores)")
-    exp.add_argument("--out", default="drift-out")
+    exp.add_argument("--out", default="drift-out", help="output directory for drift.json and drift.png")
     exp.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1: the models are tiny)")
     exp.add_argument("--seeds", type=int, help="repetitions (seeds 0..N-1) per r; default 5, 2 with --quick")
     exp.set_defaults(func=_drift_experiment, command="drift experiment")
@@ -383,49 +406,53 @@ def build_parser() -> argparse.ArgumentParser:
     cor.add_argument("--r", type=finite_float, required=True, help="fraction of tokens kept, in [0, 1]")
     cor.add_argument("--tokenizer", help="Hub id or path (default: the embedded tiny model's)")
     cor.add_argument("--out", required=True, help=".jsonl file or directory (save_to_disk)")
-    cor.add_argument("--text-column", default="text")
-    cor.add_argument("--split", default="train")
-    cor.add_argument("--n-strings", type=positive_int, default=8)
-    cor.add_argument("--length", type=positive_int, default=2048)
-    cor.add_argument("--seed", type=int, default=0)
+    cor.add_argument("--text-column", default="text", help="column holding the text (default text)")
+    cor.add_argument("--split", default="train", help="dataset split (default train)")
+    cor.add_argument("--n-strings", type=positive_int, default=8,
+                     help="random token strings drawn from the data, one chosen per row (App. C.2; default 8)")
+    cor.add_argument("--length", type=positive_int, default=2048, help="tokens per random string (default 2048)")
+    cor.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     cor.set_defaults(func=_drift_corrupt, command="drift corrupt")
     sty = dsub.add_parser("styles", help="Reformat a question/answer dataset in one of the prompt styles of "
                           "paper 000 Table C2 (--style list prints them).")
-    sty.add_argument("dataset", nargs="?")
-    sty.add_argument("--style", required=True)
-    sty.add_argument("--out")
-    sty.add_argument("--question-column", default="question")
-    sty.add_argument("--answer-column", default="answer")
-    sty.add_argument("--split", default="train")
+    sty.add_argument("dataset", nargs="?", help="Hub name, save_to_disk dir or .json/.jsonl/.csv/.parquet file")
+    sty.add_argument("--style", required=True, help="one of Table C2's styles, or `list` to print them")
+    sty.add_argument("--out", help=".jsonl file or directory (save_to_disk) to write")
+    sty.add_argument("--question-column", default="question", help="column holding the question (default question)")
+    sty.add_argument("--answer-column", default="answer", help="column holding the answer (default answer)")
+    sty.add_argument("--split", default="train", help="dataset split (default train)")
     sty.set_defaults(func=_drift_styles, command="drift styles")
     risk = dsub.add_parser("risk", help="Similarity of a fine-tuning dataset to each dataset to keep; flags the "
                            "intermediate band where paper 000 predicts the most drift.")
-    risk.add_argument("--finetune", required=True)
-    risk.add_argument("--keep", nargs="+", required=True)
-    risk.add_argument("--band", nargs=2, type=finite_float, default=[0.25, 0.55], metavar=("LOW", "HIGH"))
+    risk.add_argument("--finetune", required=True, help="the fine-tuning dataset (Hub name, directory or file)")
+    risk.add_argument("--keep", nargs="+", required=True, help="datasets whose abilities must be kept")
+    risk.add_argument("--band", nargs=2, type=finite_float, default=[0.25, 0.55], metavar=("LOW", "HIGH"),
+                      help="similarities flagged at risk (paper 000: intermediate; default 0.25 0.55)")
     risk.add_argument("--json", help="also write the report here")
     sel = sub.add_parser("select", help="Consistency/diversity task selection (paper 001 Algorithm 1); writes a "
                          "mixture dataset of the selected tasks for multitask SFT.")
-    sel.add_argument("--target", required=True)
-    sel.add_argument("--candidates", nargs="+", required=True)
+    sel.add_argument("--target", required=True, help="the target task's dataset (Hub name, directory or file)")
+    sel.add_argument("--candidates", nargs="+", required=True, help="candidate task datasets")
     sel.add_argument("--p", type=finite_float, default=0.05, help="minimum relative coverage gain to add a task")
-    sel.add_argument("--method", default="full", choices=["full", "no_consistency", "no_diversity", "random"])
-    sel.add_argument("--feature", default="mean", choices=["mean", "pc1"])
+    sel.add_argument("--method", default="full", choices=["full", "no_consistency", "no_diversity", "random"],
+                     help="Algorithm 1 (full) or an ablation of paper 001 Table 3.1")
+    sel.add_argument("--feature", default="mean", choices=["mean", "pc1"],
+                     help="consistency on mean embeddings, or on first principal components (§8.6.4)")
     sel.add_argument("--k", type=positive_int, help="number of tasks for the no_diversity/random ablations")
     sel.add_argument("--out", help="write the mixture here (.jsonl file or directory)")
     for p in (risk, sel):
         p.add_argument("--model", help="embedding model, Hub id or path (default: the embedded tiny model)")
         p.add_argument("--embedder", default="mean_pooled", help="registered embedder (mean_pooled, sentence, ...)")
         p.add_argument("--max-examples", type=positive_int, default=256, help="rows embedded per dataset (seeded sample)")
-        p.add_argument("--text-column", default="text")
-        p.add_argument("--split", default="train")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--device", default="cpu")
+        p.add_argument("--text-column", default="text", help="column holding the text (default text)")
+        p.add_argument("--split", default="train", help="dataset split (default train)")
+        p.add_argument("--seed", type=int, default=0, help="seed of the row sample and ablations (default 0)")
+        p.add_argument("--device", default="cpu", help="torch device for the embedder (default cpu)")
     risk.set_defaults(func=_drift_risk, command="drift risk")
     sel.set_defaults(func=_select)
     emb = sub.add_parser("embedded", help="Build (once) and print the local path of an embedded default model, "
                          "usable wherever a Hub id is accepted.")
-    emb.add_argument("name", nargs="?", default="tiny")
+    emb.add_argument("name", nargs="?", default="tiny", help="tiny (default) or tiny-v2")
     emb.add_argument("--fingerprint", action="store_true",
                      help="also print the SHA-256 of the built weights and the one recorded for this recipe")
     emb.set_defaults(func=_embedded)
