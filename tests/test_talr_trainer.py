@@ -475,3 +475,14 @@ def test_compute_loss_func_route_agrees_with_trainer(embedded_path, tmp_path):
     a = talr.compute_loss(talr.model, dict(batch), num_items_in_batch=n)
     b = sft.compute_loss(sft.model, dict(batch), num_items_in_batch=n)
     assert a.item() == pytest.approx(b.item(), rel=1e-4)
+
+
+def test_readme_quickstart_runs_as_written_on_this_machine(embedded_path, tmp_path):
+    """README's quickstart sets neither bf16 nor use_cpu: on a machine without bf16 (this CPU) TRL's default bf16=True
+    made transformers refuse to start; the config now decides an unset bf16 by the hardware."""
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    args = TALRConfig(output_dir=str(tmp_path / "quick"), learning_rate=5e-6, max_steps=1, report_to="none")
+    assert args.bf16 == is_torch_bf16_gpu_available()
+    TALRTrainer(model=str(embedded_path), args=args, train_dataset=Dataset.from_list(ROWS)).train()
+    assert TALRConfig(output_dir=str(tmp_path / "x"), bf16=False).bf16 is False  # an explicit choice is kept

@@ -20,6 +20,16 @@ import torch
 from trl.trainer.utils import add_fused_lm_head  # noqa: F401  (re-exported for adaptguard.talr.trainer)
 
 
+def default_bf16(config) -> None:
+    """TRL's configs turn `bf16` on unless told otherwise (`bf16=None` becomes `not fp16` in
+    trl/trainer/base_config.py), which transformers refuses on a machine without bf16 support. Leave an explicit
+    choice alone; decide an unset one by the hardware, as TRL would on a bf16 GPU."""
+    if config.bf16 is None and not config.fp16:
+        from transformers.utils import is_torch_bf16_gpu_available
+
+        config.bf16 = bool(is_torch_bf16_gpu_available()) and not config.use_cpu
+
+
 class SFTBookkeeping:
     """Mixin for an `SFTTrainer` subclass whose `compute_loss` returns `sum of per-token losses / N`."""
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
+from ..trl_adapter import default_bf16
 from ..utils.checks import check_finite
 
 
@@ -54,6 +55,7 @@ class MUSCLEConfig(SFTConfig):
     )
 
     def __post_init__(self):
+        default_bf16(self)  # on a machine without bf16, TRL's default would refuse to start
         super().__post_init__()
         check_finite(self, ("learning_rate", "temperature", "ce_weight"))
         if not self.temperature > 0:

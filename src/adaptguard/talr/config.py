@@ -5,6 +5,7 @@ from typing import Any
 
 from trl import SFTConfig
 
+from ..trl_adapter import default_bf16
 from ..utils.checks import check_finite
 from .losses import check_weight_floor
 
@@ -80,6 +81,7 @@ class TALRConfig(SFTConfig):
     )
 
     def __post_init__(self):
+        default_bf16(self)  # on a machine without bf16, TRL's default would refuse to start
         super().__post_init__()
         check_finite(self, ("learning_rate", "talr_tau", "talr_weight_floor", "l2_lambda", "kl_beta", "flow_tau",
                             "wise_ft_alpha"))
