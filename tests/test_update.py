@@ -2,6 +2,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -223,3 +224,25 @@ def test_extra_args_override_the_training_defaults():
     cfg = UpdateConfig(old_base="a", new_base="b", train=[], test=[], extra_args={"bf16": True, "logging_steps": 3})
     kwargs = _training_kwargs(cfg, output_dir="o", learning_rate=0.1)
     assert kwargs["bf16"] is True and kwargs["logging_steps"] == 3 and kwargs["learning_rate"] == 0.1
+
+
+def test_an_interrupted_update_leaves_no_half_trained_adapter(tmp_path, embedded_path, monkeypatch):
+    """Ctrl-C during a training: the adapter folder being trained does not appear, its temporary folder is removed,
+    and what finished before stays whole."""
+    from adaptguard.experiments.muscle_update import finished_dir, run_update, tiny_preset
+    from adaptguard.talr.trainer import TALRTrainer
+
+    def interrupted(self, *args, **kwargs):  # a training that wrote a checkpoint, then got Ctrl-C
+        (Path(self.args.output_dir) / "checkpoint-1").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TALRTrainer, "train", interrupted)
+    cfg = tiny_preset(str(tmp_path / "out"))
+    cfg.old_base = cfg.new_base = str(embedded_path)
+    with pytest.raises(KeyboardInterrupt):
+        run_update(cfg)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+    with finished_dir(tmp_path / "done") as d:  # a completed block: renamed into place
+        (d / "adapter_config.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done", "out"]

@@ -15,14 +15,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..utils.files import atomic_write_text
+from ..utils.files import atomic_write_text, replace_dir
 
 logger = logging.getLogger(__name__)
 
@@ -200,16 +202,32 @@ def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tok
     from ..talr.config import TALRConfig
     from ..talr.trainer import TALRTrainer
 
-    args = TALRConfig(**_training_kwargs(cfg, output_dir=str(out / "run"), weighting="none",
-                                         learning_rate=cfg.task_learning_rate, num_train_epochs=cfg.task_epochs))
-    trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args,
-                          train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
-                          peft_config=LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear",
-                                                 task_type="CAUSAL_LM"))
-    trainer.remove_callback(PrinterCallback)
-    trainer.train()
-    trainer.model.save_pretrained(out)
+    with finished_dir(out) as tmp:
+        args = TALRConfig(**_training_kwargs(cfg, output_dir=str(tmp / "run"), weighting="none",
+                                             learning_rate=cfg.task_learning_rate, num_train_epochs=cfg.task_epochs))
+        trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args,
+                              train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
+                              peft_config=LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+        trainer.model.save_pretrained(tmp)
     return out
+
+
+@contextmanager
+def finished_dir(target: Path):
+    """A temporary sibling of `target` to write into, renamed to `target` only when the block completes: an
+    interrupted or failed training leaves no half-trained adapter folder (the temporary one is removed)."""
+    tmp = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, target)
 
 
 def _evaluate(model, tokenizer, test_rows, cfg) -> tuple[list[bool], list[str]]:
@@ -255,17 +273,18 @@ def run_update(cfg: UpdateConfig) -> dict:
     del v2
 
     t = time.perf_counter()
-    args = MUSCLEConfig(**_training_kwargs(cfg, output_dir=str(out / "compat_run"), new_adapter=str(v2_adapter),
-                                           temperature=cfg.temperature, mask=cfg.mask, ce_weight=cfg.ce_weight,
-                                           learning_rate=cfg.compat_learning_rate,
-                                           num_train_epochs=cfg.compat_epochs))
-    trainer = MUSCLETrainer(model=cfg.new_base, args=args, old_model=v1, old_processing_class=tok_old,
-                            train_dataset=Dataset.from_list(train_rows), processing_class=tok_new)
-    trainer.remove_callback(PrinterCallback)
-    trainer.train()
-    timings["compat_adapter_s"] = time.perf_counter() - t
-    compat_model = trainer.model
-    compat_model.save_pretrained(out / "compat_adapter", selected_adapters=["default"])
+    with finished_dir(out / "compat_run") as run_dir, finished_dir(out / "compat_adapter") as adapter_dir:
+        args = MUSCLEConfig(**_training_kwargs(cfg, output_dir=str(run_dir), new_adapter=str(v2_adapter),
+                                               temperature=cfg.temperature, mask=cfg.mask, ce_weight=cfg.ce_weight,
+                                               learning_rate=cfg.compat_learning_rate,
+                                               num_train_epochs=cfg.compat_epochs))
+        trainer = MUSCLETrainer(model=cfg.new_base, args=args, old_model=v1, old_processing_class=tok_old,
+                                train_dataset=Dataset.from_list(train_rows), processing_class=tok_new)
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+        timings["compat_adapter_s"] = time.perf_counter() - t
+        compat_model = trainer.model
+        compat_model.save_pretrained(adapter_dir, selected_adapters=["default"])
     compat_ok, compat_pred = _evaluate(compat_model, tok_new, test_rows, cfg)
     aligned = [h["compat/frac_aligned_old"] for h in trainer.state.log_history if "compat/frac_aligned_old" in h]
 
