@@ -136,3 +136,16 @@ def test_plot_suffix_gives_the_format(lm_runs, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "flips.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["flips.svg", "r.json"]
+
+
+def test_cache_logits_refuses_a_tokenizer_of_another_vocabulary(tmp_path, embedded_path):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptguard.muscle.logit_cache import cache_logits_for_training
+
+    model, tok = AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
+    tok.add_tokens([f"extra{i}" for i in range(300)])
+    with pytest.raises(ValueError, match=r"tokenizer: \d+ tokens, but the old model has \d+ output logits"):
+        cache_logits_for_training(model, tok, Dataset.from_list([{"prompt": "a", "completion": " b"}]), tmp_path / "c")
+    assert not (tmp_path / "c").exists()

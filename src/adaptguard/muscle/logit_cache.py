@@ -207,6 +207,10 @@ def cache_logits_for_training(old_model, tokenizer, train_dataset, out_dir: str 
     model's), run the old model over it and write the cache to `out_dir`."""
     from trl import SFTConfig, SFTTrainer
 
+    vocab = old_model.get_output_embeddings().weight.shape[0]
+    if len(tokenizer) > vocab:  # ids past the model's logits: not this vocabulary (a padded model has more logits)
+        raise ValueError(f"tokenizer: {len(tokenizer)} tokens, but the old model has {vocab} output logits; MUSCLE "
+                         "needs the old and new models to share one vocabulary (is this the new model's tokenizer?)")
     with tempfile.TemporaryDirectory() as tmp:
         args = SFTConfig(output_dir=tmp, max_length=max_length, packing=False, bf16=False,
                          gradient_checkpointing=False, report_to="none", use_cpu=not torch.cuda.is_available(),
