@@ -99,10 +99,10 @@ def cli(*args, cwd=None):
      "--old-model: /nonexistent: no such file or directory"),
     (["drift", "corrupt", "d.jsonl", "--r", "0.5", "--tokenizer", "./no/tok", "--out", "o.jsonl"],
      "model: ./no/tok: no such file or directory"),
-    (["compare", "old", "new", "--n-boot", "0"], "--n-boot: expected a positive integer, got '0'"),
-    (["compare", "old", "new", "--n-boot", "-5"], "--n-boot: expected a positive integer, got '-5'"),
+    (["compare", "old", "new", "--n-boot", "0"], "--n-boot/--n_boot: expected a positive integer, got '0'"),
+    (["compare", "old", "new", "--n-boot", "-5"], "--n-boot/--n_boot: expected a positive integer, got '-5'"),
     (["cache-logits", "--old-model", "m", "--dataset", "d", "--out", "c", "--batch-size", "0"],
-     "--batch-size: expected a positive integer, got '0'"),
+     "--batch-size/--batch_size: expected a positive integer, got '0'"),
     (["compare", "old", "new", "--plot", "flips.xyz"], "--plot: flips.xyz: unsupported figure type 'xyz'"),
 ])
 def test_cli_messages_name_the_argument(tmp_path, args, message):
