@@ -149,3 +149,27 @@ def test_cache_logits_refuses_a_tokenizer_of_another_vocabulary(tmp_path, embedd
     with pytest.raises(ValueError, match=r"tokenizer: \d+ tokens, but the old model has \d+ output logits"):
         cache_logits_for_training(model, tok, Dataset.from_list([{"prompt": "a", "completion": " b"}]), tmp_path / "c")
     assert not (tmp_path / "c").exists()
+
+
+def test_trainers_refuse_another_models_tokenizer(tmp_path, embedded_path):
+    """A tokenizer with more tokens than the model has embedding rows (another model's) is refused when the
+    trainer is built, naming the argument and both sizes, instead of an index error in the first forward."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from adaptguard import MUSCLEConfig, MUSCLETrainer, TALRConfig, TALRTrainer
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    rows = Dataset.from_list([{"prompt": "a b", "completion": " c"}])
+    args = TALRConfig(output_dir=str(tmp_path / "t"), use_cpu=True, bf16=False, report_to="none", max_steps=1)
+    TALRTrainer(model=str(embedded_path), args=args, train_dataset=rows, processing_class=tok)  # its own: fine
+    n_rows = len(tok)
+    tok.add_tokens([f"extra{i}" for i in range(300)])
+    message = rf"processing_class: the tokenizer has {len(tok)} tokens but the model \(.*\) has \d+ embedding rows"
+    assert len(tok) > n_rows
+    with pytest.raises(ValueError, match=message):
+        TALRTrainer(model=str(embedded_path), args=args, train_dataset=rows, processing_class=tok)
+    with pytest.raises(ValueError, match=message):
+        MUSCLETrainer(model=str(embedded_path), args=MUSCLEConfig(output_dir=str(tmp_path / "m"), use_cpu=True,
+                                                                 bf16=False, new_adapter=str(tmp_path / "a")),
+                      train_dataset=rows, processing_class=tok)

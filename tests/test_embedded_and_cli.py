@@ -138,6 +138,34 @@ def test_cli_demo_quick(tmp_path, embedded_path):
     assert report["machine"]["torch"] == torch.__version__ and "threads" in report["machine"]
     assert report["settings"]["command"].startswith("adaptguard demo --quick --seeds 2")
     assert not list(out.glob(".*"))  # no temporary files left behind
+    # a progress bar with the runs done, on stderr; the results on stdout
+    assert "trade-off: fine-tuning runs" in proc.stderr and "4/4" in proc.stderr
+    assert "TALR     lr=0.001" in proc.stdout
+
+
+def test_pareto_front():
+    from adaptguard.experiments.demo import pareto_front
+
+    points = [(0.1, 0.9), (0.5, 0.5), (0.4, 0.4), (0.9, 0.1), (0.5, 0.2), (0.1, 0.8), (0.5, 0.5)]
+    # (0.4, 0.4) < (0.5, 0.5); (0.5, 0.2) < (0.5, 0.5); (0.1, 0.8) < (0.1, 0.9); a duplicate counts once
+    assert pareto_front(points) == [(0.1, 0.9), (0.5, 0.5), (0.9, 0.1)]
+    assert pareto_front([(0.3, 0.3)]) == [(0.3, 0.3)]
+
+
+def test_train_steps_draws_a_progress_bar(capfd):
+    import torch
+
+    from adaptguard.experiments.loop import train_steps
+
+    model = torch.nn.Linear(2, 1)
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.ConstantLR(optim, factor=1.0)
+    x = torch.ones(4, 2)
+    losses = train_steps(model, optim, sched, 3, lambda _: model(x).pow(2).mean(), progress="toy training")
+    err = capfd.readouterr().err
+    assert len(losses) == 3 and "toy training" in err and "3/3" in err
+    train_steps(model, optim, sched, 2, lambda _: model(x).pow(2).mean())
+    assert capfd.readouterr().err == ""  # no description, no bar
 
 
 def test_cli_embedded_prints_path(embedded_path):

@@ -442,10 +442,28 @@ def test_token_analysis_records_curriculum(tiny, tmp_path):
     fracs = [e["frac_p_gt_0.2"] for e in epochs]
     assert fracs[-1] > fracs[0]  # the curriculum signal rises with training
     assert sum(epochs[0]["histogram"]["counts"]) == epochs[0]["n_tokens"]
-    assert (tmp_path / "token_analysis" / "heatmap_example2_epoch3.png").stat().st_size > 1000
+    assert (tmp_path / "token_analysis" / "heatmap_epoch3.png").stat().st_size > 1000
     logged = [h["token_analysis/frac_p_gt_0.2"] for h in trainer.state.log_history
               if "token_analysis/frac_p_gt_0.2" in h]
     assert logged == fracs
+
+    # the probabilities drawn: p(token t | tokens < t) of the trained model on the completion, NaN on the prompt
+    from adaptguard.talr.callbacks import TokenAnalysisCallback
+
+    analysed = TokenAnalysisCallback(trainer).token_probabilities()
+    assert len(analysed) == len(ROWS) * 4
+    for i in (0, 2):
+        row = trainer.train_dataset[i]
+        ids, probs = analysed[i]
+        assert ids == row["input_ids"]
+        with torch.no_grad():
+            logits = trainer.model(input_ids=torch.tensor([ids])).logits[0]
+        expected = torch.full((len(ids),), float("nan"))
+        for t in range(1, len(ids)):
+            if row["completion_mask"][t]:
+                expected[t] = logits[t - 1].softmax(-1)[ids[t]]
+        assert torch.equal(probs.isnan(), expected.isnan()) and (~probs.isnan()).sum() == sum(row["completion_mask"])
+        torch.testing.assert_close(probs[~probs.isnan()], expected[~expected.isnan()], atol=1e-5, rtol=1e-4)
 
 
 def test_compute_loss_func_route_agrees_with_trainer(embedded_path, tmp_path):

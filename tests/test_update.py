@@ -246,3 +246,37 @@ def test_an_interrupted_update_leaves_no_half_trained_adapter(tmp_path, embedded
     with finished_dir(tmp_path / "done") as d:  # a completed block: renamed into place
         (d / "adapter_config.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["done", "out"]
+
+
+def test_ctrl_c_during_update_ends_cleanly(tmp_path, embedded_path):
+    """A real SIGINT while `adaptguard update` trains its second adapter: one line and exit 130, no traceback;
+    the finished v1 adapter stays whole, the interrupted one leaves no folder (not even its `.partial`)."""
+    import os
+    import signal
+    import time
+
+    rows = [{"prompt": f"question : opposite of {a} ? answer :", "completion": f" {b} ."}
+            for a, b in (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"))]
+    config = tmp_path / "update.json"
+    config.write_text(json.dumps({"old_base": str(embedded_path), "new_base": str(embedded_path), "train": rows,
+                                  "test": rows, "task_epochs": 400, "batch_size": 4, "max_length": 64,
+                                  "use_cpu": True}))
+    out = tmp_path / "o"
+    proc = subprocess.Popen([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        err, deadline = b"", time.monotonic() + 300
+        while b"update: v2 task adapter" not in err and time.monotonic() < deadline:
+            chunk = os.read(proc.stderr.fileno(), 4096)
+            assert chunk, f"update ended before the v2 adapter: {err.decode()[-2000:]}"
+            err += chunk
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    err = (err + rest).decode()
+    assert proc.returncode == 130, err[-2000:]
+    assert "adaptguard update: interrupted" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["v1_task_adapter"]
+    assert (out / "v1_task_adapter" / "adapter_model.safetensors").stat().st_size > 0

@@ -171,7 +171,8 @@ def meta_train(model, tokenizer, rows: list[dict], config: CompositionConfig, se
         mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in batch])
         return model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
-    losses = train_steps(model, optim, sched, config.steps, step_loss, clip_norm=1.0)
+    losses = train_steps(model, optim, sched, config.steps, step_loss, clip_norm=1.0,
+                         progress="composition: meta-training")
     model.eval()
     return losses
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..utils.figures import new_figure, save_figure
 from ..utils.files import atomic_write_text
+from .progress import progress_bar, say
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def _train_one(method: Method, lr: float, seed: int, path: Path, train_rows, wor
         output_dir=str(work), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none",
         save_strategy="no", per_device_train_batch_size=16, num_train_epochs=epochs, learning_rate=lr,
         lr_scheduler_type="constant", logging_steps=4, disable_tqdm=True, seed=seed,
-        token_analysis=token_analysis, token_analysis_examples=[0, 1], **method.config,
+        token_analysis=token_analysis, token_analysis_examples=list(range(8)), **method.config,
     )
     peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM") \
         if method.lora else None
@@ -90,30 +91,61 @@ def _train_one(method: Method, lr: float, seed: int, path: Path, train_rows, wor
     return trained, tok, seconds, logs[-1]["loss"] if logs else None
 
 
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both coordinates (higher is better), sorted by the first."""
+    front = [p for p in points if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in points)]
+    return sorted(set(front))
+
+
 def tradeoff_plot(base: dict, runs: list[dict], path: Path) -> None:
-    fig = new_figure(figsize=(7, 5))
-    ax = fig.add_subplot()
-    ax.scatter([base["domain"]], [base["general"]], marker="*", s=200, color="black", label="base (init)")
-    for i, method in enumerate(dict.fromkeys(r["method"] for r in runs)):
-        pts = sorted((r for r in runs if r["method"] == method), key=lambda r: r["learning_rate"])
-        xs, ys = [r["domain"] for r in pts], [r["general"] for r in pts]
-        ax.plot(xs, ys, marker="o", color=f"C{i}", label=method, alpha=0.85)
-        if len(pts[0]["seeds"]) > 1:  # min–max over the seeds
-            ax.errorbar(xs, ys, fmt="none", ecolor=f"C{i}", alpha=0.4, elinewidth=1,
-                        xerr=[[r["domain"] - r["domain_spread"]["min"] for r in pts],
-                              [r["domain_spread"]["max"] - r["domain"] for r in pts]],
-                        yerr=[[r["general"] - r["general_spread"]["min"] for r in pts],
-                              [r["general_spread"]["max"] - r["general"] for r in pts]])
-        for r in pts:
-            ax.annotate(f"{r['learning_rate']:g}", (r["domain"], r["general"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points", color=f"C{i}")
-    ax.set_xlabel("domain score (held-out questions, exact match)")
-    ax.set_ylabel("general score (mean over pretraining skills)")
-    ax.set_title("Domain vs general trade-off (embedded tiny model; labels = learning rate)")
-    ax.set_xlim(-0.05, 1.05)
-    ax.set_ylim(-0.05, 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    """One panel per method: its runs coloured by learning rate (min–max bars over seeds), the base model, and
+    the Pareto front of all methods' runs, so each method reads against the best trade-off any method reached."""
+    import math
+
+    import matplotlib.colors
+
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    lrs = sorted({r["learning_rate"] for r in runs})
+    colour = dict(zip(lrs, matplotlib.colormaps["viridis"](matplotlib.colors.Normalize(-0.5, len(lrs) - 0.5)(
+        range(len(lrs))))))
+    front = pareto_front([(r["domain"], r["general"]) for r in runs])
+    ncols = min(4, len(methods) + 1)  # one cell for the legend
+    nrows = math.ceil((len(methods) + 1) / ncols)
+    fig = new_figure(figsize=(3.1 * ncols, 3.0 * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, method in zip(axes, methods):
+        # the boundary of what some run reached: a staircase from the y axis to the x axis
+        xs, ys = zip(*front)
+        ax.step([-0.05, *xs, xs[-1]], [ys[0], *ys, -0.05], where="pre", linestyle="--", color="grey",
+                linewidth=1, zorder=1)
+        ax.scatter([base["domain"]], [base["general"]], marker="*", s=160, color="black", zorder=3)
+        for r in (r for r in runs if r["method"] == method):
+            c = colour[r["learning_rate"]]
+            if len(r["seeds"]) > 1:
+                ax.errorbar(r["domain"], r["general"], color=c, alpha=0.5, elinewidth=1,
+                            xerr=[[r["domain"] - r["domain_spread"]["min"]], [r["domain_spread"]["max"] - r["domain"]]],
+                            yerr=[[r["general"] - r["general_spread"]["min"]],
+                                  [r["general_spread"]["max"] - r["general"]]])
+            ax.scatter([r["domain"]], [r["general"]], s=45, color=c, edgecolor="black", linewidth=0.5, zorder=4)
+        ax.set_title(method, fontsize=10)
+        ax.set_xlim(-0.05, 1.05)
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+    legend_ax = axes[len(methods)]
+    legend_ax.axis("off")
+    handles = [legend_ax.scatter([], [], marker="*", s=160, color="black", label="base model (before fine-tuning)"),
+               legend_ax.plot([], [], "--", color="grey", label="Pareto front, all methods")[0]]
+    handles += [legend_ax.scatter([], [], s=45, color=colour[lr], edgecolor="black", linewidth=0.5,
+                                  label=f"learning rate {lr:g}") for lr in lrs]
+    legend_ax.legend(handles=handles, loc="center", fontsize=8, frameon=False,
+                     title="up and right is better" + ("\nbars: min–max over seeds" if len(runs[0]["seeds"]) > 1 else ""),
+                     title_fontsize=8)
+    for ax in axes[len(methods) + 1:]:
+        ax.axis("off")
+    fig.supxlabel("domain score (held-out questions, exact match)", fontsize=10)
+    fig.supylabel("general score (mean over pretraining skills)", fontsize=10)
+    fig.suptitle("Domain vs general trade-off per method (embedded tiny model)", fontsize=11)
+    fig.tight_layout()
     save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
@@ -154,7 +186,9 @@ def markdown_report(report: dict) -> str:
                      f"{format_spread(r['general_spread'])} | "
                      f"{r['general_nfr']:.3f} | {r['general_pfr']:.3f} | {skills} | {loss} | "
                      f"{r['train_seconds']:.1f} |")
-    lines += ["", "![trade-off](tradeoff.png)", ""]
+    lines += ["", "![trade-off](tradeoff.png)", "",
+              "One panel per method, its runs coloured by learning rate; the star is the base model and the dashed "
+              "staircase the Pareto front of all methods' runs (no run is above and to the right of it).", ""]
     if report.get("token_analysis"):
         ta = report["token_analysis"]
         lines += [
@@ -164,7 +198,8 @@ def markdown_report(report: dict) -> str:
         ]
         lines += [f"| {e['epoch']:g} | {e['frac_p_gt_0.2']:.3f} | {e['quantiles']['p50']:.3f} |"
                   for e in ta["epochs"] if "frac_p_gt_0.2" in e]
-        lines += ["", "Heatmaps: `token_analysis/heatmap_*.png`.", ""]
+        lines += ["", "Heatmaps per epoch: `token_analysis/heatmap_epoch*.png` (completion tokens shaded by their "
+                  "probability, the prompt in grey).", ""]
     if report.get("update") and "summary" in report["update"]:  # a seed sweep
         u = report["update"]
         keys = ("old_acc", "new_acc", "compat_acc", "nfr", "nfr_compat", "delta_nfr", "pfr", "pfr_compat")
@@ -226,13 +261,13 @@ def _drift_section(out: Path, repetitions: int | None = None) -> dict:
     from ..utils.threads import torch_threads
     from .drift import run_drift_experiment
 
-    print("  similarity drift sweep (quick) ...", flush=True)
+    say("  similarity drift sweep (quick) ...")
     with torch_threads(1):
         drift = run_drift_experiment(out, quick=True, **({"repetitions": repetitions} if repetitions else {}))
     # the CLI defaults of `adaptguard drift bound` (App. B's sizes; lambda, mu free)
     drift["bound_argmax"] = theorem_a2_argmax(n=116384, d=64, alpha_i=0.1408, alpha_j=0.8592, delta=0.2, k_mis=1.0,
                                               lambda_l=0.5, mu_l=0.09)
-    print(f"  drift: highest loss at r = {drift['peak_r']:.3f}", flush=True)
+    say(f"  drift: highest loss at r = {drift['peak_r']:.3f}")
     return drift
 
 
@@ -279,7 +314,8 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
     base = {"domain": exact_match_score(model, tok, test_rows), "general": base_skills["general"],
             "skills": base_skills}
     runs, token_analysis = [], None
-    with tempfile.TemporaryDirectory(prefix="adaptguard-demo-") as work_root:
+    with tempfile.TemporaryDirectory(prefix="adaptguard-demo-") as work_root, \
+            progress_bar(len(methods) * len(lrs) * len(seeds), "trade-off: fine-tuning runs", unit="run") as bar:
         for name in methods:
             for lr in lrs:
                 per_seed = []
@@ -288,6 +324,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                     analyse = name == "TALR" and lr == talr_analysis_lr and seed == seeds[0]
                     trained, tok, seconds, loss = _train_one(METHODS[name], lr, seed, path, train_rows, work,
                                                              epochs, analyse)
+                    bar.update()
                     skills = general_scores(trained, tok, probes)
                     flips = flip_metrics(base_flags, skills.pop("_flags"))
                     per_seed.append({"seed": seed, "domain": exact_match_score(trained, tok, test_rows),
@@ -310,26 +347,26 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                        "general_pfr": _mean(r["general_flips"]["pfr"] for r in per_seed),
                        "final_train_loss": _mean(r["final_train_loss"] for r in per_seed),
                        "train_seconds": _mean(r["train_seconds"] for r in per_seed), "seeds": per_seed}
-                print(f"  {name:8s} lr={lr:<7g} domain={run['domain']:.3f} general={run['general']:.3f}", flush=True)
+                say(f"  {name:8s} lr={lr:<7g} domain={run['domain']:.3f} general={run['general']:.3f}")
                 runs.append(run)
     update = None
     if not quick:  # paper 002's update experiment on tiny -> tiny-v2 (MUSCLE), written to OUT/update/
         from .muscle_update import run_update, run_update_seeds, tiny_preset
 
-        print("  model update tiny -> tiny-v2 (MUSCLE) ...", flush=True)
+        say("  model update tiny -> tiny-v2 (MUSCLE) ...")
         if seed_range and len(seed_range) > 1:
             update = run_update_seeds(lambda s: tiny_preset(split_seed=s, seed=s), seed_range, out / "update")
-            print(f"  NFR_c < NFR on {update['nfr_compat_below_nfr']} of {len(seed_range)} seeds", flush=True)
+            say(f"  NFR_c < NFR on {update['nfr_compat_below_nfr']} of {len(seed_range)} seeds")
         else:
             update = run_update(tiny_preset(str(out / "update")))
-            print(f"  NFR v1->v2 {update['nfr']:.3f}, v1->v2+compat {update['nfr_compat']:.3f}", flush=True)
+            say(f"  NFR v1->v2 {update['nfr']:.3f}, v1->v2+compat {update['nfr_compat']:.3f}")
     drift = composition = None
     if not quick:  # paper 000 App. B, the quick sweep, written to OUT/drift/
         drift = _drift_section(out / "drift", len(seed_range) if seed_range else None)
     if not quick:  # paper 001 Ch. 4 on the embedded model, written to OUT/composition/
         from .composition import run_composition_demo, run_composition_seeds
 
-        print("  compositional in-context learning ...", flush=True)
+        say("  compositional in-context learning ...")
         if seed_range and len(seed_range) > 1:
             composition = run_composition_seeds(out / "composition", seeds=seed_range)
         else:

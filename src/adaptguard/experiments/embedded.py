@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-from . import loop
 from .loop import train_steps
 
 SYLLABLES = ["ka", "lo", "mi", "ra", "tu", "ven", "dor", "sa", "pel", "qui", "zan", "bo", "fi", "ne", "gru", "wy"]
@@ -154,12 +153,20 @@ def cache_root() -> Path:
 
 
 def _spec_hash(spec: EmbeddedSpec) -> str:
+    import inspect
+
     import tokenizers
     import transformers
 
-    # The generator code is part of the recipe: editing this file or the training loop rebuilds the model.
-    source = b"".join(Path(f).read_bytes() for f in (__file__, loop.__file__))
-    key = json.dumps({**asdict(spec), "source": hashlib.sha256(source).hexdigest(),
+    # What decides the weights is part of the key: the spec, the code of the generators and of the training, the
+    # constants they read, the build environment and the library versions. Editing any of them rebuilds; editing
+    # the rest of this file (caching, progress display) does not. The recorded fingerprints catch a recipe change
+    # this list misses (tests/test_embedded_and_cli.py builds from scratch and compares).
+    recipe = (_pseudo_word, world_facts, pretraining_text, domain_rows, build_tokenizer, _pretrain, _build,
+              train_steps)
+    source = "".join(inspect.getsource(f) for f in recipe) + json.dumps(
+        [SYLLABLES, ANTONYMS, SPECIAL_TOKENS, CHAT_TEMPLATE, BUILD_ENV])
+    key = json.dumps({**asdict(spec), "source": hashlib.sha256(source.encode()).hexdigest(),
                       "torch": torch.__version__.split("+")[0],
                       "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
                      sort_keys=True)
@@ -209,7 +216,7 @@ def _pretrain(spec: EmbeddedSpec, tokenizer):
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
         return model(**batch, labels=labels).loss
 
-    train_steps(model, optim, sched, spec.pretrain_steps, step_loss, clip_norm=1.0)
+    train_steps(model, optim, sched, spec.pretrain_steps, step_loss, clip_norm=1.0, progress="pretraining")
     model.eval()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -228,6 +235,7 @@ BUILD_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 BUILD_TIMEOUT_S = 3600
+BUILD_MINUTES = {"tiny": 3, "tiny-v2": 7}  # measured on a fresh 2-core machine (README)
 FINGERPRINTS_FILE = Path(__file__).with_name("embedded_fingerprints.json")
 
 
@@ -274,8 +282,8 @@ def _build(name: str, out: Path) -> None:
 
 
 def embedded_model_path(name: str = "tiny") -> Path:
-    """Local directory of the embedded model `name`, built on first use (≈3 min for "tiny", ≈6 for
-    "tiny-v2": one thread and portable kernels, so that every machine builds the same weights).
+    """Local directory of the embedded model `name`, built on first use (`BUILD_MINUTES`: one thread and
+    portable kernels, so that every machine builds the same weights), with a progress bar on stderr.
 
     The directory loads with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`,
     so it can stand wherever a Hub id is accepted.
@@ -289,11 +297,14 @@ def embedded_model_path(name: str = "tiny") -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
+        print(f"building the embedded model {name!r} once (cached in {target.parent}; "
+              f"≈{BUILD_MINUTES[name]} min on one core) ...", file=sys.stderr, flush=True)
+        # stderr is shared, so its progress bar (steps, ETA) and any error show as they happen
         proc = subprocess.run([sys.executable, "-m", "adaptguard.experiments.embedded", name, str(tmp)],
-                              env={**os.environ, **BUILD_ENV}, capture_output=True, text=True,
-                              timeout=BUILD_TIMEOUT_S)
+                              env={**os.environ, **BUILD_ENV}, stdout=subprocess.DEVNULL, timeout=BUILD_TIMEOUT_S)
         if proc.returncode != 0:
-            raise RuntimeError(f"building the embedded model {name!r} failed:\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"building the embedded model {name!r} failed (exit {proc.returncode}); "
+                               "its error is printed above")
         fingerprint = _check_fingerprint(name, tmp)
         (tmp / "adaptguard_embedded.json").write_text(json.dumps(
             {"name": name, **asdict(spec), "fingerprint": fingerprint, "build_env": BUILD_ENV}, indent=2))
@@ -351,4 +362,7 @@ def exact_match_score(model, tokenizer, rows: list[dict[str, str]], batch_size: 
 
 
 if __name__ == "__main__":  # the build subprocess of `embedded_model_path`: NAME OUT_DIR
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # one bar: the pretraining's
     _build(sys.argv[1], Path(sys.argv[2]))

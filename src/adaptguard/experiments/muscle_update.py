@@ -194,13 +194,14 @@ def _training_kwargs(cfg: UpdateConfig, **specific) -> dict:
     return {**kwargs, **specific, **cfg.extra_args}
 
 
-def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tokenizer) -> Path:
+def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tokenizer, desc: str) -> Path:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, PrinterCallback
 
     from ..talr.config import TALRConfig
     from ..talr.trainer import TALRTrainer
+    from .progress import TrainingProgress
 
     with finished_dir(out) as tmp:
         args = TALRConfig(**_training_kwargs(cfg, output_dir=str(tmp / "run"), weighting="none",
@@ -210,6 +211,7 @@ def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tok
                               peft_config=LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                                      target_modules="all-linear", task_type="CAUSAL_LM"))
         trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(TrainingProgress(desc))
         trainer.train()
         trainer.model.save_pretrained(tmp)
     return out
@@ -246,6 +248,7 @@ def run_update(cfg: UpdateConfig) -> dict:
     from ..compat.report import plot_quadrants
     from ..muscle.config import MUSCLEConfig
     from ..muscle.trainer import MUSCLETrainer, check_same_vocabulary
+    from .progress import TrainingProgress
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
@@ -263,8 +266,10 @@ def run_update(cfg: UpdateConfig) -> dict:
 
     timings = {}
     t = time.perf_counter()
-    v1_adapter = _train_task_adapter(cfg, cfg.old_base, train_rows, out / "v1_task_adapter", tok_old)
-    v2_adapter = _train_task_adapter(cfg, cfg.new_base, train_rows, out / "v2_task_adapter", tok_new)
+    v1_adapter = _train_task_adapter(cfg, cfg.old_base, train_rows, out / "v1_task_adapter", tok_old,
+                                     "update: v1 task adapter")
+    v2_adapter = _train_task_adapter(cfg, cfg.new_base, train_rows, out / "v2_task_adapter", tok_new,
+                                     "update: v2 task adapter")
     timings["task_adapters_s"] = time.perf_counter() - t
     v1 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.old_base), v1_adapter).merge_and_unload()
     v2 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.new_base), v2_adapter)
@@ -281,6 +286,7 @@ def run_update(cfg: UpdateConfig) -> dict:
         trainer = MUSCLETrainer(model=cfg.new_base, args=args, old_model=v1, old_processing_class=tok_old,
                                 train_dataset=Dataset.from_list(train_rows), processing_class=tok_new)
         trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(TrainingProgress("update: compatibility adapter (MUSCLE)"))
         trainer.train()
         timings["compat_adapter_s"] = time.perf_counter() - t
         compat_model = trainer.model

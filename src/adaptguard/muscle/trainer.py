@@ -8,7 +8,7 @@ from trl import SFTTrainer
 
 from ..plugins import get_muscle_mask
 from ..trl_adapter import SFTBookkeeping
-from ..utils.checks import check_completions
+from ..utils.checks import check_completions, check_tokenizer_fits
 from ..utils.labels import IGNORE_INDEX, shifted_labels
 from .config import MUSCLEConfig
 from .logit_cache import LogitCache, row_fingerprint
@@ -85,6 +85,7 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
             kwargs["processing_class"] = processing_class
+        check_tokenizer_fits(processing_class, model)
 
         self.old_cache = None
         if args.old_logits_cache is not None:

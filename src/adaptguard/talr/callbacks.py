@@ -95,8 +95,9 @@ class TokenAnalysisCallback(TrainerCallback):
     Before training and at every epoch end, scores the first `args.token_analysis_max_examples`
     training rows with the current model and records the distribution of the supervised tokens'
     probabilities (quantiles, histogram) and the curriculum signal `frac_p_gt_0.2`. Writes
-    `<output_dir>/token_analysis/token_analysis.json` (one entry per epoch) and heatmaps
-    `heatmap_example<i>_epoch<e>.png`; logs `token_analysis/frac_p_gt_0.2` into the log history.
+    `<output_dir>/token_analysis/token_analysis.json` (one entry per epoch) and heatmaps `heatmap_epoch<e>.png`
+    (the `token_analysis_examples`, titled with method, learning rate and epoch); logs
+    `token_analysis/frac_p_gt_0.2` into the log history.
     """
 
     def __init__(self, trainer):
@@ -108,19 +109,23 @@ class TokenAnalysisCallback(TrainerCallback):
         return Path(self.trainer.args.output_dir) / "token_analysis"
 
     def token_probabilities(self) -> list[tuple[list[int], torch.Tensor]]:
-        """[(label token ids, probabilities)] of the supervised tokens of each analysed row."""
+        """Per analysed row: its token ids (L,) without padding and each token's probability under the current
+        model (L,), NaN where the token is not supervised (the prompt)."""
         trainer = self.trainer
         rows = []
         for batch, out in trainer.score_rows(trainer.train_dataset, trainer.args.token_analysis_max_examples):
-            labels = batch["labels"][:, 1:]
-            for i in range(labels.shape[0]):
-                keep = out.label_mask[i]
-                rows.append((labels[i][keep].tolist(), out.log_probs[i][keep].float().exp().cpu()))
+            ids, attention = batch["input_ids"].cpu(), batch.get("attention_mask")
+            supervised, probs = out.label_mask.cpu(), out.log_probs.float().exp().cpu()
+            for i in range(ids.shape[0]):
+                p = torch.full(ids[i].shape, float("nan"))
+                p[1:][supervised[i]] = probs[i][supervised[i]]  # position t + 1 is predicted at t
+                real = attention[i].cpu().bool() if attention is not None else torch.ones_like(p, dtype=torch.bool)
+                rows.append((ids[i][real].tolist(), p[real]))
         return rows
 
     def analyse(self, epoch: float, step: int) -> dict:
         rows = self.token_probabilities()
-        probs = torch.cat([p for _, p in rows]) if rows else torch.zeros(0)
+        probs = torch.cat([p[~p.isnan()] for _, p in rows]) if rows else torch.zeros(0)
         if probs.numel() == 0:
             record = {"epoch": epoch, "step": step, "n_tokens": 0}
         else:
@@ -133,12 +138,13 @@ class TokenAnalysisCallback(TrainerCallback):
                 "histogram": {"bin_edges": [i / 20 for i in range(21)], "counts": [int(c) for c in hist]},
             }
         tokenizer = self.trainer.processing_class
-        for index in self.trainer.args.token_analysis_examples:
-            if 0 <= index < len(rows):
-                ids, p = rows[index]
-                tokens = [tokenizer.decode([t]) for t in ids] if tokenizer is not None else [str(t) for t in ids]
-                save_heatmap(tokens, p.tolist(), self.out_dir / f"heatmap_example{index}_epoch{epoch:g}.png",
-                             title=f"example {index}, epoch {epoch:g}")
+        examples = [(f"example {i}", [tokenizer.decode([t]) if tokenizer is not None else str(t) for t in rows[i][0]],
+                     rows[i][1].tolist()) for i in self.trainer.args.token_analysis_examples if 0 <= i < len(rows)]
+        if examples:
+            args = self.trainer.args
+            lora = " + LoRA" if hasattr(self.trainer.model, "peft_config") else ""
+            save_heatmap(examples, self.out_dir / f"heatmap_epoch{epoch:g}.png",
+                         title=f"{method_label(args)}{lora}, lr {args.learning_rate:g}, epoch {epoch:g}")
         return record
 
     def _record(self, state, epoch: float) -> None:
@@ -162,21 +168,42 @@ class TokenAnalysisCallback(TrainerCallback):
         self._record(state, float(round(state.epoch or 0.0, 4)))
 
 
-def save_heatmap(tokens: list[str], probs: list[float], path: Path, title: str = "", width: int = 16) -> None:
-    """Token-probability heatmap (paper 003 Fig. 3a): tokens in reading order, `width` per row, darker =
-    more confident. Written atomically as PNG."""
-    width = max(1, min(width, len(tokens)))
-    rows = max(1, math.ceil(len(tokens) / width))
-    grid = torch.full((rows, width), float("nan"))
-    grid.view(-1)[: len(probs)] = torch.tensor(probs, dtype=torch.float32)
-    fig = new_figure(figsize=(min(1.0 * width + 2, 18), 0.6 * rows + 1.2))
+def method_label(args) -> str:
+    """A short name of the training method a `TALRConfig` describes, e.g. "TALR + KL β=0.001"."""
+    name = {"none": "SFT", "talr": "TALR"}.get(args.weighting, args.weighting)
+    extras = [f"L2 λ={args.l2_lambda:g}" if args.l2_lambda else "", f"KL β={args.kl_beta:g}" if args.kl_beta else "",
+              "FLOW" if args.flow else "", f"Wise-FT α={args.wise_ft_alpha:g}" if args.wise_ft_alpha is not None else ""]
+    return " + ".join([name, *filter(None, extras)])
+
+
+def save_heatmap(examples: list[tuple[str, list[str], list[float]]], path: Path, title: str = "", width: int = 16,
+                 context: int = 24) -> None:
+    """Token-probability heatmap (paper 003 Fig. 3a), written atomically as PNG. `examples`: (label, tokens,
+    probabilities) with NaN for unsupervised tokens; each example starts a new line and wraps every `width`
+    tokens. Supervised tokens are shaded by p (darker = more confident); the prompt is shown in grey as
+    context, its last `context` tokens before the first supervised one."""
+    lines, texts, labels = [], [], []
+    for label, tokens, probs in examples:
+        first = next((i for i, p in enumerate(probs) if not math.isnan(p)), len(probs))
+        cut = max(0, first - context)
+        tokens = (["…"] if cut else []) + tokens[cut:]
+        probs = ([float("nan")] if cut else []) + probs[cut:]
+        for start in range(0, max(1, len(tokens)), width):
+            labels.append(label if start == 0 else "")
+            lines.append(probs[start:start + width] + [float("nan")] * (width - len(probs[start:start + width])))
+            texts.append(tokens[start:start + width])
+    grid = torch.tensor(lines, dtype=torch.float32)
+    fig = new_figure(figsize=(0.75 * width + 2.5, 0.38 * len(lines) + 1.3))
     ax = fig.add_subplot()
     im = ax.imshow(grid.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
-    for i, tok in enumerate(tokens):
-        ax.text(i % width, i // width, tok.replace("\n", "\\n")[:10], ha="center", va="center", fontsize=7,
-                color="white" if probs[i] > 0.6 else "black")
+    for row, (tokens, probs) in enumerate(zip(texts, lines)):
+        for col, tok in enumerate(tokens):
+            p = probs[col]
+            ax.text(col, row, tok.replace("\n", "\\n")[:10], ha="center", va="center", fontsize=7,
+                    color="grey" if math.isnan(p) else "white" if p > 0.6 else "black")
     ax.set_xticks([])
-    ax.set_yticks([])
-    ax.set_title(title)
-    fig.colorbar(im, ax=ax, label="p(token)")
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.tick_params(left=False)
+    ax.set_title(f"{title}\nshaded: supervised tokens by p(token); grey text: prompt (not scored)", fontsize=9)
+    fig.colorbar(im, ax=ax, label="p(token)", fraction=0.03)
     save_figure(fig, path, dpi=100, bbox_inches="tight")

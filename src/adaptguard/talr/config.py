@@ -73,7 +73,7 @@ class TALRConfig(SFTConfig):
     )
     token_analysis_examples: list[int] = field(
         default_factory=lambda: [0],
-        metadata={"help": "Training-set indices of the examples drawn as token-probability heatmaps."},
+        metadata={"help": "Training-set indices of the examples drawn in the per-epoch token-probability heatmap."},
     )
     token_analysis_max_examples: int = field(
         default=512,

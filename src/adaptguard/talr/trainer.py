@@ -15,7 +15,7 @@ from trl import SFTConfig, SFTTrainer
 
 from ..plugins import get_token_weighting
 from ..trl_adapter import SFTBookkeeping, add_fused_lm_head
-from ..utils.checks import check_completions
+from ..utils.checks import check_completions, check_tokenizer_fits
 from .callbacks import TokenAnalysisCallback, WiseFTCallback
 from .config import TALRConfig
 from .losses import flow_sequence_weights, k3_kl, l2_to_init, sequence_mean_nll
@@ -92,6 +92,7 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
         if args.flow and (args.packing or args.padding_free):
             raise ValueError("flow=True weights whole sequences and cannot be combined with packing or padding_free.")
         super().__init__(model, args, *pos_args, **kwargs)
+        check_tokenizer_fits(self.processing_class, self.model)
         if args.flow and not isinstance(self.train_dataset, Dataset):
             raise ValueError("flow=True needs a map-style `datasets.Dataset` train_dataset (weights are per row).")
 

@@ -39,3 +39,18 @@ def check_completions(dataset, name: str = "train_dataset") -> None:
         if turns and not any(_text(m.get("content")).strip() for m in turns):
             raise ValueError(f"{name}: every assistant turn of 'messages' is empty ({len(dataset)} rows): nothing "
                              "to learn")
+
+
+def check_tokenizer_fits(tokenizer, model, name: str = "processing_class") -> None:
+    """Refuse a tokenizer with more tokens than `model` has embedding rows: a wrong tokenizer (another model's)
+    would otherwise fail deep inside the first forward with an index error. A processor's tokenizer is checked."""
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if tokenizer is None or rows is None:
+        return
+    if len(tokenizer) > rows:
+        model_name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+        raise ValueError(f"{name}: the tokenizer has {len(tokenizer)} tokens but the model ({model_name}) has "
+                         f"{rows} embedding rows: pass the model's own tokenizer (or, after adding tokens, call "
+                         "model.resize_token_embeddings(len(tokenizer)))")
