@@ -17,6 +17,28 @@ def embedded_path() -> Path:
     return embedded_model_path("tiny")
 
 
+_tiny_v2_build = None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """On a fresh machine the embedded "tiny-v2" takes minutes to build, on one core (its build is single-threaded):
+    start it in the background as soon as a selected test needs it, so that the tests before it run meanwhile."""
+    global _tiny_v2_build
+    if any("tiny_v2_path" in getattr(item, "fixturenames", ()) for item in items):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from adaptguard.experiments.embedded import embedded_model_path
+
+        _tiny_v2_build = ThreadPoolExecutor(1, thread_name_prefix="tiny-v2-build").submit(embedded_model_path,
+                                                                                          "tiny-v2")
+
+
+@pytest.fixture(scope="session")
+def tiny_v2_path() -> Path:
+    """The embedded "tiny-v2" (the updated base of the model-update tests), once its background build is done."""
+    return _tiny_v2_build.result()
+
+
 @pytest.fixture()
 def tiny(embedded_path):
     """A fresh (model, tokenizer) of the embedded default."""

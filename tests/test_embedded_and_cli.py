@@ -52,20 +52,16 @@ def test_embedded_path_is_cached(embedded_path):
     assert (embedded_path / "model.safetensors").stat().st_mtime_ns == before
 
 
-def test_embedded_build_is_the_recorded_one(embedded_path):
+def test_embedded_build_is_the_recorded_one(embedded_path, tiny_v2_path):
     """The build runs with fixed kernels and one thread (`BUILD_ENV`), whatever this process's settings: under
     `.ci/shake` (scalar, avx2, avx512 kernels; 1 and 2 threads) every build must give the recorded weights."""
-    from adaptguard.experiments.embedded import (
-        embedded_model_path,
-        recorded_fingerprint,
-        weights_fingerprint,
-    )
+    from adaptguard.experiments.embedded import recorded_fingerprint, weights_fingerprint
 
     expected = {name: recorded_fingerprint(name) for name in ("tiny", "tiny-v2")}
     if None in expected.values():
         pytest.skip("no fingerprint recorded for this recipe and these torch/transformers/tokenizers versions")
     assert weights_fingerprint(embedded_path) == expected["tiny"]
-    assert weights_fingerprint(embedded_model_path("tiny-v2")) == expected["tiny-v2"]  # built here if not yet
+    assert weights_fingerprint(tiny_v2_path) == expected["tiny-v2"]
 
 
 def test_weights_fingerprint_sees_one_changed_bit(tmp_path, embedded_path):

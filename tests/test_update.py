@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 
-def test_update_pipeline_on_embedded_bases(tmp_path, lm_runs):
+def test_update_pipeline_on_embedded_bases(tmp_path, lm_runs, tiny_v2_path):
     """One full `run_update` (tiny → tiny-v2, with two lm-eval tasks): its report's numbers against an independent
     recount from the saved adapters — each model's answers regenerated and the flips counted by hand."""
     from peft import PeftModel
@@ -226,7 +226,7 @@ def test_extra_args_override_the_training_defaults():
     assert kwargs["bf16"] is True and kwargs["logging_steps"] == 3 and kwargs["learning_rate"] == 0.1
 
 
-def test_an_interrupted_update_leaves_no_half_trained_adapter(tmp_path, embedded_path, monkeypatch):
+def test_an_interrupted_update_leaves_no_half_trained_adapter(tmp_path, embedded_path, tiny_v2_path, monkeypatch):
     """Ctrl-C during a training: the adapter folder being trained does not appear, its temporary folder is removed,
     and what finished before stays whole."""
     from adaptguard.experiments.muscle_update import finished_dir, run_update, tiny_preset

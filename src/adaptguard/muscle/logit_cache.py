@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from transformers.utils.logging import tqdm as hf_tqdm
 
 from ..utils.files import check_replaceable, replace_dir
 from ..utils.labels import shifted_labels
@@ -172,7 +173,8 @@ def build_logit_cache(model, tokenizer, dataset, data_collator, out_dir: str | P
 
         data = dataset.select_columns(["input_ids", "labels"])
         rows_in_shard = 0
-        for start in range(0, len(data), batch_size):
+        # transformers' tqdm: on by default, off with transformers.utils.logging.disable_progress_bar()
+        for start in hf_tqdm(range(0, len(data), batch_size), desc="caching the old model's top-k", unit="batch"):
             chunk = data[start:start + batch_size]
             examples = [dict(zip(chunk, values)) for values in zip(*chunk.values())]
             fingerprints += [row_fingerprint(e["input_ids"], e["labels"]) for e in examples]
