@@ -6,7 +6,7 @@ mostly fails their composite when the demonstrations are of the simple tasks (``
 much better when they are composite (``composite_icl``). The embedded "tiny" model (3 layers, hidden
 128) was pretrained only on facts, antonyms and counting, so out of the box it does none of these tasks
 in context. It is first *meta-trained* to learn in context, briefly (full fine-tune, 2000 steps of 4
-prompts, about two minutes on one CPU core; the quick preset's 700 steps are a smoke run):
+prompts, 2-7 minutes on one CPU core depending on the machine; the quick preset's 700 steps are a smoke run):
 
 * on the ``simple1``/``simple2`` prompts of every composite in ``simple_pairs`` (the simple tasks, each
   in that composite's syntax; the evaluated pairs' simple tasks included, with other seeds, as the

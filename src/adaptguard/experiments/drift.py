@@ -66,6 +66,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from numbers import Integral, Real
@@ -378,20 +379,21 @@ def plot_drift(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     ax.bar([f"{x:g}" if x in (0, 1) else f"{round(x * 8)}/8" if x * 8 == round(x * 8) else f"{x:.3g}" for x in r],
            mean, yerr=err, capsize=4, color="C0")
     ax.plot(range(len(r)), result["bayes_loss_mean"], "_", color="C3", markersize=16, markeredgewidth=2,
-            label="Bayes-optimal predictor")
-    ax.axhline(result["optimal_loss"], color="grey", linestyle="--", linewidth=1, label="-ln(1-δ), base data only")
+            label="ideal predictor of the training mixture")
+    ax.axhline(result["optimal_loss"], color="grey", linestyle="--", linewidth=1, label="ideal model of c0's data alone")
     # bars start just below the lowest value, and the legend gets a free band above the highest
     low, high = min(result["optimal_loss"], float(np.min(result["loss_min"]))), float(np.max(result["loss_max"]))
     span = high - low + 1e-3
     ax.set_ylim(low - 0.05 * span, high + 0.25 * span)
     ax.set(xlabel="similarity r of the second subpopulation to c0", ylabel="next-bit loss on c0 (nats)",
            title=f"Synthetic drift (paper 000 App. B), {len(result['losses'][0])} runs per r")
-    ax.legend(loc="upper center", ncol=2, fontsize="small")
-    fig.text(0.01, 0.01, "Bars: mean loss of the trained models on c0, min–max over runs. Red: the loss of the ideal "
-             "predictor of the training\nmixture (c0 and the r-similar string in their shares); grey: the loss of "
-             f"a model of c0's data alone (only the label noise δ,\n−ln(1−δ) = {result['optimal_loss']:.3f}). "
-             "A trained model can score below both: the test string c0 is noiseless.", fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.13, 1, 1))
+    ax.legend(loc="upper center", ncol=2, fontsize="x-small")
+    caption = ("Bars: mean loss of the trained models on c0, min–max over runs. Red: the Bayes-optimal predictor of "
+               "the training data (c0 and the r-similar string in their shares). Grey: −ln(1−δ) = "
+               f"{result['optimal_loss']:.3f}, the label noise δ alone. A trained model can score below both: c0 is "
+               "noiseless.")
+    fig.text(0.01, 0.01, textwrap.fill(caption, 120), fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return save_figure(fig, path, dpi=100)
 
 

@@ -182,12 +182,14 @@ def save_heatmap(examples: list[tuple[str, list[str], list[float]]], path: Path,
     probabilities) with NaN for unsupervised tokens; each example starts a new line and wraps every `width`
     tokens. Supervised tokens are shaded by p (darker = more confident); the prompt is shown in grey as
     context, its last `context` tokens before the first supervised one."""
-    lines, texts, labels = [], [], []
+    shown = []
     for label, tokens, probs in examples:
         first = next((i for i, p in enumerate(probs) if not math.isnan(p)), len(probs))
         cut = max(0, first - context)
-        tokens = (["…"] if cut else []) + tokens[cut:]
-        probs = ([float("nan")] if cut else []) + probs[cut:]
+        shown.append((label, (["…"] if cut else []) + tokens[cut:], ([float("nan")] if cut else []) + probs[cut:]))
+    width = max(1, min(width, max(len(tokens) for _, tokens, _ in shown)))
+    lines, texts, labels = [], [], []
+    for label, tokens, probs in shown:
         for start in range(0, max(1, len(tokens)), width):
             labels.append(label if start == 0 else "")
             lines.append(probs[start:start + width] + [float("nan")] * (width - len(probs[start:start + width])))
