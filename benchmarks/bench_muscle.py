@@ -77,10 +77,11 @@ def build(variant: str, root: Path, args):
     from trl import SFTConfig, SFTTrainer
 
     from adaptguard import MUSCLEConfig, MUSCLETrainer
+    from adaptguard.trl_adapter import no_activation_checkpointing
 
     data = load_from_disk(str(root / "data"))
     tok = AutoTokenizer.from_pretrained(root / "v2")
-    common = dict(output_dir=str(root / f"out-{variant}"), bf16=False, gradient_checkpointing=False,
+    common = dict(output_dir=str(root / f"out-{variant}"), bf16=False, **no_activation_checkpointing(),
                   report_to="none", per_device_train_batch_size=args.batch, max_length=args.seq + 8,
                   learning_rate=1e-5, use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
     if variant == "sft":

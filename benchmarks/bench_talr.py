@@ -33,6 +33,7 @@ def build(variant: str, args, out: str):
     from trl import SFTConfig, SFTTrainer
 
     from adaptguard import TALRConfig, TALRTrainer
+    from adaptguard.trl_adapter import no_activation_checkpointing
 
     vocab = {f"t{i}": i for i in range(args.vocab)}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
@@ -47,7 +48,7 @@ def build(variant: str, args, out: str):
     for _ in range(args.batch):
         ids = torch.randint(3, args.vocab, (args.seq,), generator=g).tolist()
         rows.append({"input_ids": ids, "completion_mask": [0] * (args.seq // 4) + [1] * (args.seq - args.seq // 4)})
-    common = dict(output_dir=out, bf16=False, gradient_checkpointing=False, report_to="none",
+    common = dict(output_dir=out, bf16=False, **no_activation_checkpointing(), report_to="none",
                   per_device_train_batch_size=args.batch, max_length=args.seq, learning_rate=1e-5,
                   use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
     if variant == "sft":

@@ -55,8 +55,9 @@ def free_port() -> int:
 
 def cpu_args(output_dir, **kwargs):
     from adaptguard import TALRConfig
+    from adaptguard.trl_adapter import no_activation_checkpointing
 
-    base = dict(output_dir=str(output_dir), bf16=False, gradient_checkpointing=False, use_cpu=True,
+    base = dict(output_dir=str(output_dir), bf16=False, **no_activation_checkpointing(), use_cpu=True,
                 report_to="none", save_strategy="no", logging_steps=1, per_device_train_batch_size=4,
                 dataloader_num_workers=0, disable_tqdm=True, seed=0)
     base.update(kwargs)

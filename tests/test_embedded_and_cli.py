@@ -135,7 +135,7 @@ def test_cli_demo_quick(tmp_path, embedded_path):
     assert report["settings"]["command"].startswith("adaptguard demo --quick --seeds 2")
     assert not list(out.glob(".*"))  # no temporary files left behind
     # a progress bar with the runs done, on stderr; the results on stdout
-    assert "trade-off: fine-tuning runs" in proc.stderr and "4/4" in proc.stderr
+    assert "trade-off: fine-tuning runs" in proc.stderr and "8/8" in proc.stderr  # 2 methods x 2 lrs x 2 seeds
     assert "TALR     lr=0.001" in proc.stdout
 
 

@@ -30,6 +30,18 @@ def default_bf16(config) -> None:
         config.bf16 = bool(is_torch_bf16_gpu_available()) and not config.use_cpu
 
 
+def no_activation_checkpointing() -> dict:
+    """Training-argument keywords that switch activation (gradient) checkpointing off. transformers ≥ 5.23 renamed
+    `gradient_checkpointing` to `activation_checkpointing` and warns on the old name, which TRL's configs still
+    set (to True); passing the new name where it exists keeps the small experiments' output free of that warning."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"activation_checkpointing": False} if "activation_checkpointing" in names else {"gradient_checkpointing": False}
+
+
 class SFTBookkeeping:
     """Mixin for an `SFTTrainer` subclass whose `compute_loss` returns `sum of per-token losses / N`."""
 

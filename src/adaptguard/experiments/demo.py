@@ -67,10 +67,11 @@ def _train_one(method: Method, lr: float, seed: int, path: Path, train_rows, wor
 
     from ..talr.config import TALRConfig
     from ..talr.trainer import TALRTrainer
+    from ..trl_adapter import no_activation_checkpointing
 
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     args = TALRConfig(
-        output_dir=str(work), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none",
+        output_dir=str(work), bf16=False, **no_activation_checkpointing(), use_cpu=True, report_to="none",
         save_strategy="no", per_device_train_batch_size=16, num_train_epochs=epochs, learning_rate=lr,
         lr_scheduler_type="constant", logging_steps=4, disable_tqdm=True, seed=seed,
         token_analysis=token_analysis, token_analysis_examples=list(range(8)), **method.config,

@@ -188,8 +188,10 @@ def generate_answers(model, tokenizer, rows: list[dict], max_new_tokens: int = 3
 
 def _training_kwargs(cfg: UpdateConfig, **specific) -> dict:
     """Training arguments shared by the three trainings; `extra_args` overrides the defaults."""
+    from ..trl_adapter import no_activation_checkpointing
+
     kwargs = dict(per_device_train_batch_size=cfg.batch_size, max_length=cfg.max_length, bf16=False,
-                  gradient_checkpointing=False, use_cpu=cfg.use_cpu, report_to="none", save_strategy="no",
+                  **no_activation_checkpointing(), use_cpu=cfg.use_cpu, report_to="none", save_strategy="no",
                   disable_tqdm=True, seed=cfg.seed, logging_steps=10)
     return {**kwargs, **specific, **cfg.extra_args}
 

@@ -224,10 +224,11 @@ def finetune(model_path: str | Path, rows: Sequence[dict], cfg: ExperimentConfig
 
     from ..talr.config import TALRConfig
     from ..talr.trainer import TALRTrainer
+    from ..trl_adapter import no_activation_checkpointing
 
     args = TALRConfig(output_dir=str(work), weighting="none", learning_rate=cfg.learning_rate,
                       num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size, max_length=64,
-                      bf16=False, use_cpu=True, gradient_checkpointing=False, report_to="none",
+                      bf16=False, use_cpu=True, **no_activation_checkpointing(), report_to="none",
                       save_strategy="no", disable_tqdm=True, logging_strategy="no", seed=seed)
     trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(model_path), args=args,
                           train_dataset=Dataset.from_list(list(rows)),

@@ -26,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers.utils.logging import tqdm as hf_tqdm
 
+from ..trl_adapter import no_activation_checkpointing
 from ..utils.files import check_replaceable, replace_dir
 from ..utils.labels import shifted_labels
 
@@ -215,7 +216,7 @@ def cache_logits_for_training(old_model, tokenizer, train_dataset, out_dir: str 
                          "needs the old and new models to share one vocabulary (is this the new model's tokenizer?)")
     with tempfile.TemporaryDirectory() as tmp:
         args = SFTConfig(output_dir=tmp, max_length=max_length, packing=False, bf16=False,
-                         gradient_checkpointing=False, report_to="none", use_cpu=not torch.cuda.is_available(),
+                         **no_activation_checkpointing(), report_to="none", use_cpu=not torch.cuda.is_available(),
                          dataset_kwargs=dataset_kwargs)
         preparer = SFTTrainer(model=old_model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
         return build_logit_cache(old_model, tokenizer, preparer.train_dataset, preparer.data_collator, out_dir,
