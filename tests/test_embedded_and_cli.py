@@ -87,7 +87,7 @@ def test_weights_fingerprint_sees_one_changed_bit(tmp_path, embedded_path):
 def test_unknown_embedded_name():
     from adaptguard.experiments.embedded import embedded_model_path
 
-    with pytest.raises(ValueError, match=r"known: \['tiny', 'tiny-v2'\]"):
+    with pytest.raises(ValueError, match=r"known: \['tiny', 'tiny-v2', 'smollm2'\]"):
         embedded_model_path("huge")
 
 

