@@ -1,0 +1,111 @@
+"""Does quantizing a model flip its answers even where accuracy holds? (issue 14, experiment 5)
+
+A model update users make every day: the same checkpoint served in lower precision. This script evaluates a model
+in fp32 and after torch's int8 dynamic quantization of its linear layers (CPU) — and in bf16 — on BIG-bench
+multiple-choice tasks through lm-eval (zero-shot, log-likelihood of each choice), and compares each variant
+against fp32 with adaptguard's flip metrics (paper 002 §3: NFR, PFR, BTC, McNemar p, a 95% bootstrap CI of NFR).
+
+    python examples/quantization_flips.py                      # embedded:smollm2, 6 tasks x 200 items (~ 20 min)
+    python examples/quantization_flips.py --quick              # 3 tasks x 40 items (~ 3 min)
+    python examples/quantization_flips.py --model Qwen/Qwen2.5-0.5B-Instruct --variants bf16   # on a GPU
+
+Writes OUT/report.json, OUT/report.md and OUT/flips.png (one quadrant panel per task and variant).
+Data: BIG-bench (Apache-2.0), read from the PyPI sdist bigbench==1.0.0 (downloaded once, sha256-checked).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+
+from adaptguard.compat.callback import evaluate_with_lm_eval, task_runs_from_output
+from adaptguard.compat.compare import compare_task
+from adaptguard.compat.report import plot_quadrants
+from adaptguard.experiments.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
+from adaptguard.experiments.embedded import resolve_model
+from adaptguard.experiments.sweeps import machine_info, machine_line
+from adaptguard.utils.files import atomic_write_text
+
+
+@dataclass
+class Args:
+    model: str = field(default="embedded:smollm2", metadata={"help": "Hub id, local path or embedded:<name>."})
+    tasks: str = field(default=",".join(DEFAULT_TASKS), metadata={"help": "BIG-bench multiple-choice tasks."})
+    limit: int = field(default=200, metadata={"help": "Items per task (the first ones, file order)."})
+    variants: str = field(default="int8,bf16", metadata={"help": "Compared with fp32: int8 (torch dynamic int8 "
+                                                               "quantization of nn.Linear, CPU only), bf16."})
+    batch_size: int = field(default=16, metadata={"help": "lm-eval batch size."})
+    out: str = field(default="quantization-flips-out", metadata={"help": "Output directory."})
+    quick: bool = field(default=False, metadata={"help": "3 tasks x 40 items: a smoke run."})
+
+
+def load_variant(path: str, variant: str):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if variant == "bf16" else torch.float32)
+    if variant == "int8":
+        # weights int8 per tensor, activations quantized on the fly; the tied LM head is a Linear too
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    elif variant not in ("fp32", "bf16"):
+        raise ValueError(f"--variants: unknown variant {variant!r}; use int8, bf16")
+    return model.eval()
+
+
+def main(args: Args) -> dict:
+    names = args.tasks.split(",")[:3] if args.quick else args.tasks.split(",")
+    limit = 40 if args.quick else args.limit
+    out = Path(args.out)
+    path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tasks = write_lm_eval_tasks(load_tasks(names), out / "tasks", limit=limit)
+    runs, seconds = {}, {}
+    for variant in ["fp32", *args.variants.split(",")]:
+        start = time.perf_counter()
+        output = evaluate_with_lm_eval(load_variant(path, variant), tokenizer, tasks, batch_size=args.batch_size,
+                                       include_path=[out / "tasks"])
+        runs[variant], seconds[variant] = task_runs_from_output(output), time.perf_counter() - start
+        print(f"{variant}: " + ", ".join(f"{t} {output['results'][t]['acc,none']:.3f}" for t in tasks), flush=True)
+    report = {"model": args.model, "limit": limit, "tasks": {}, "seconds": seconds, "machine": machine_info(),
+              "command": "python examples/quantization_flips.py" + (" --quick" if args.quick else "")
+              + (f" --model {args.model}" if args.model != "embedded:smollm2" else "")}
+    quadrants = {"old": "fp32", "new": "variant", "tasks": {}}
+    for variant in runs:
+        if variant == "fp32":
+            continue
+        for task in tasks:
+            (entry,) = compare_task(runs["fp32"][task], runs[variant][task]).values()
+            quadrants["tasks"][f"{task}: fp32 → {variant}"] = entry
+            report["tasks"][f"{task} {variant}"] = {k: v for k, v in entry.items() if not k.startswith("_")}
+    out.mkdir(parents=True, exist_ok=True)
+    plot_quadrants(quadrants, out / "flips.png")
+    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=float))
+    atomic_write_text(out / "report.md", markdown(report))
+    print(markdown(report))
+    return report
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# Flips from quantization: {report['model']}", "",
+             f"fp32 vs each variant on BIG-bench multiple-choice tasks (zero-shot, first {report['limit']} items "
+             "each; lm-eval log-likelihood of each choice). NFR/PFR: share of items fp32 got right and the variant "
+             "wrong / the reverse; BTC: share of fp32's right answers kept; p: McNemar's exact test.", "",
+             "| task | variant | n | fp32 acc | variant acc | NFR (95% CI) | PFR | BTC | McNemar p |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for key, e in report["tasks"].items():
+        task, variant = key.rsplit(" ", 1)
+        lo, hi = e["nfr_ci"]
+        lines.append(f"| {task} | {variant} | {e['n']} | {e['old_acc']:.3f} | {e['new_acc']:.3f} | "
+                     f"{e['nfr']:.3f} ({lo:.3f}–{hi:.3f}) | {e['pfr']:.3f} | {e['btc']:.3f} | {e['mcnemar_p']:.3g} |")
+    lines += ["", "![flips](flips.png)", "",
+              f"Reproduce: `{report['command']}`. Time per variant: "
+              + ", ".join(f"{v} {s:.0f} s" for v, s in report["seconds"].items()) + ". " + machine_line(report["machine"]),
+              ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    (parsed,) = HfArgumentParser(Args).parse_args_into_dataclasses()
+    main(parsed)
