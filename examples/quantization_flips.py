@@ -1,7 +1,7 @@
 """Does quantizing a model flip its answers even where accuracy holds? (issue 14, experiment 5)
 
 A model update users make every day: the same checkpoint served in lower precision. This script evaluates a model
-in fp32 and after torch's int8 dynamic quantization of its linear layers (CPU) — and in bf16 — on BIG-bench
+in fp32, after torch's int8 dynamic quantization of its decoder's linear layers (CPU), and in bf16, on BIG-bench
 multiple-choice tasks through lm-eval (zero-shot, log-likelihood of each choice), and compares each variant
 against fp32 with adaptguard's flip metrics (paper 002 §3: NFR, PFR, BTC, McNemar p, a 95% bootstrap CI of NFR).
 
@@ -47,8 +47,9 @@ class Args:
 def load_variant(path: str, variant: str):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if variant == "bf16" else torch.float32)
     if variant == "int8":
-        # weights int8 per tensor, activations quantized on the fly; the tied LM head is a Linear too
-        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        # the decoder's linear layers: weights int8 per tensor, activations quantized on the fly. The LM head stays
+        # fp32, as usual (it is tied to the embeddings here, and lm-eval re-ties the weights)
+        torch.ao.quantization.quantize_dynamic(model.base_model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
     elif variant not in ("fp32", "bf16"):
         raise ValueError(f"--variants: unknown variant {variant!r}; use int8, bf16")
     return model.eval()
