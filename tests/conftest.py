@@ -24,6 +24,8 @@ def pytest_collection_modifyitems(session, config, items):
     """On a fresh machine the embedded "tiny-v2" takes minutes to build, on one core (its build is single-threaded):
     start it in the background as soon as a selected test needs it, so that the tests before it run meanwhile."""
     global _tiny_v2_build
+    if config.getoption("collectonly"):
+        return
     if any("tiny_v2_path" in getattr(item, "fixturenames", ()) for item in items):
         from concurrent.futures import ThreadPoolExecutor
 

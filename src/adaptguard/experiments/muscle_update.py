@@ -203,7 +203,8 @@ def _training_kwargs(cfg: UpdateConfig, **specific) -> dict:
     return {**kwargs, **specific, **cfg.extra_args}
 
 
-def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tokenizer, desc: str) -> Path:
+def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tokenizer,
+                        desc: str = "task adapter") -> Path:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, PrinterCallback
