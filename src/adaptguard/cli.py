@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
 def _guarded(command: str, fn) -> int:
     try:
         return fn()
-    except (ValueError, OSError) as err:  # bad input, and file-system errors (a directory, no permission, ...)
+    except (ValueError, OSError, ImportError) as err:  # bad input, file-system errors, a missing extra
         detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename and err.strerror \
             else str(err)
         print(f"adaptguard {command}: error: {detail}", file=sys.stderr)
