@@ -281,3 +281,29 @@ def test_ctrl_c_during_update_ends_cleanly(tmp_path, embedded_path):
     assert "adaptguard update: interrupted" in err and "Traceback" not in err
     assert sorted(p.name for p in out.iterdir()) == ["v1_task_adapter"]
     assert (out / "v1_task_adapter" / "adapter_model.safetensors").stat().st_size > 0
+
+
+def test_a_finished_task_adapter_is_reused_only_for_the_same_training(tmp_path, embedded_path, capsys):
+    """A re-run (e.g. the same update with another mask) reuses a finished task adapter of the same base, data and
+    settings; any difference trains it again."""
+    import dataclasses
+
+    from transformers import AutoTokenizer
+
+    from adaptguard.experiments.muscle_update import UpdateConfig, _train_task_adapter
+
+    base, tok = str(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
+    rows = [{"prompt": "question : capital of a ? answer :", "completion": " b ."}] * 4
+    cfg = UpdateConfig(old_base=base, new_base=base, train=[], test=[], task_epochs=1, batch_size=4, use_cpu=True)
+    weights = tmp_path / "v1" / "adapter_model.safetensors"
+
+    def train(cfg, rows):
+        _train_task_adapter(cfg, base, rows, tmp_path / "v1", tok, "v1 task adapter")
+        return weights.stat().st_mtime_ns, "v1 task adapter: reusing" in capsys.readouterr().out
+
+    first, reused = train(cfg, rows)
+    assert not reused
+    assert train(cfg, rows) == (first, True)
+    changed, reused = train(dataclasses.replace(cfg, task_learning_rate=2e-3), rows)
+    assert changed != first and not reused
+    assert train(dataclasses.replace(cfg, task_learning_rate=2e-3), rows[:3])[1] is False

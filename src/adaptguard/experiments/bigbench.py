@@ -25,7 +25,7 @@ INDEX = os.environ.get("ADAPTGUARD_PYPI_SIMPLE", "https://pypi.org/simple")
 DEFAULT_TASKS = ("general_knowledge", "sports_understanding", "date_understanding", "navigate", "misconceptions",
                  "hindu_knowledge")
 
-YAML = """task: bb_{name}
+YAML = """task: {task}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -41,7 +41,7 @@ metric_list:
     higher_is_better: true
 metadata:
   version: 1.0
-  source: "BIG-bench {name} (Apache-2.0), from the PyPI sdist bigbench==1.0.0"
+  source: "{source}"
 """
 
 
@@ -120,14 +120,16 @@ def load_tasks(names: tuple[str, ...] | list[str], sdist: Path | None = None) ->
     return tasks
 
 
-def write_lm_eval_tasks(tasks: dict[str, list[dict]], out_dir: Path, limit: int | None = None) -> list[str]:
-    """Write `bb_<task>` lm-eval tasks (JSONL + YAML) into `out_dir`; the first `limit` examples of each.
-    Returns the task names."""
+def write_lm_eval_tasks(tasks: dict[str, list[dict]], out_dir: Path, limit: int | None = None, prefix: str = "bb_",
+                        source: str = "BIG-bench {name} (Apache-2.0), from the PyPI sdist bigbench==1.0.0") -> list[str]:
+    """Write multiple-choice lm-eval tasks `<prefix><task>` (JSONL of {"input", "choices", "label"} + YAML) into
+    `out_dir`; the first `limit` examples of each. Returns the task names."""
     out_dir.mkdir(parents=True, exist_ok=True)
     names = []
     for name, rows in tasks.items():
-        data = out_dir / f"bb_{name}.jsonl"
+        task = prefix + name
+        data = out_dir / f"{task}.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows[:limit]))
-        (out_dir / f"bb_{name}.yaml").write_text(YAML.format(name=name, data=data))
-        names.append(f"bb_{name}")
+        (out_dir / f"{task}.yaml").write_text(YAML.format(task=task, data=data, source=source.format(name=name)))
+        names.append(task)
     return names

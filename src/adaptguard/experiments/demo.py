@@ -59,8 +59,11 @@ def general_scores(model, tokenizer, probes) -> dict:
     return scores
 
 
-def _train_one(method: Method, lr: float, seed: int, path: Path, train_rows, work: Path, epochs: int,
-               token_analysis: bool):
+def train_method(method: Method, lr: float, seed: int, path: str | Path, train_rows: list[dict], work: Path,
+                 epochs: float, token_analysis: bool, **overrides):
+    """Fine-tune the model at `path` on prompt/completion `train_rows` with `method` (TALRTrainer, CPU, fp32 unless
+    `overrides` — more TALRConfig fields — say otherwise). Returns (trained model, tokenizer, train seconds,
+    last logged train loss)."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
@@ -70,12 +73,11 @@ def _train_one(method: Method, lr: float, seed: int, path: Path, train_rows, wor
     from ..trl_adapter import no_activation_checkpointing
 
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    args = TALRConfig(
-        output_dir=str(work), bf16=False, **no_activation_checkpointing(), use_cpu=True, report_to="none",
-        save_strategy="no", per_device_train_batch_size=16, num_train_epochs=epochs, learning_rate=lr,
-        lr_scheduler_type="constant", logging_steps=4, disable_tqdm=True, seed=seed,
-        token_analysis=token_analysis, token_analysis_examples=list(range(8)), **method.config,
-    )
+    args = TALRConfig(**{
+        "output_dir": str(work), "bf16": False, **no_activation_checkpointing(), "use_cpu": True, "report_to": "none",
+        "save_strategy": "no", "per_device_train_batch_size": 16, "num_train_epochs": epochs, "learning_rate": lr,
+        "lr_scheduler_type": "constant", "logging_steps": 4, "disable_tqdm": True, "seed": seed,
+        "token_analysis": token_analysis, "token_analysis_examples": list(range(8)), **method.config, **overrides})
     peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM") \
         if method.lora else None
     trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(train_rows),
@@ -98,7 +100,10 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
     return sorted(set(front))
 
 
-def tradeoff_plot(base: dict, runs: list[dict], path: Path) -> None:
+def tradeoff_plot(base: dict, runs: list[dict], path: Path,
+                  title: str = "Domain vs general trade-off per method (embedded tiny model)",
+                  xlabel: str = "domain score (held-out questions, exact match)",
+                  ylabel: str = "general score (mean over pretraining skills)") -> None:
     """One panel per method: its runs coloured by learning rate (min–max bars over seeds), the base model, and
     the Pareto front of all methods' runs, so each method reads against the best trade-off any method reached."""
     import math
@@ -143,9 +148,9 @@ def tradeoff_plot(base: dict, runs: list[dict], path: Path) -> None:
                      title_fontsize=8)
     for ax in axes[len(methods) + 1:]:
         ax.axis("off")
-    fig.supxlabel("domain score (held-out questions, exact match)", fontsize=10)
-    fig.supylabel("general score (mean over pretraining skills)", fontsize=10)
-    fig.suptitle("Domain vs general trade-off per method (embedded tiny model)", fontsize=11)
+    fig.supxlabel(xlabel, fontsize=10)
+    fig.supylabel(ylabel, fontsize=10)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=110, bbox_inches="tight")
 
@@ -323,7 +328,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                 for seed in seeds:
                     work = Path(work_root) / f"{name}-{lr:g}-{seed}"
                     analyse = name == "TALR" and lr == talr_analysis_lr and seed == seeds[0]
-                    trained, tok, seconds, loss = _train_one(METHODS[name], lr, seed, path, train_rows, work,
+                    trained, tok, seconds, loss = train_method(METHODS[name], lr, seed, path, train_rows, work,
                                                              epochs, analyse)
                     bar.update()
                     skills = general_scores(trained, tok, probes)

