@@ -20,7 +20,6 @@ Data: MedMCQA (Pal et al., 2022; MIT), 300 questions in the PyPI wheel evals==3.
 
 from __future__ import annotations
 
-import json
 import random
 import tempfile
 import time
@@ -36,12 +35,11 @@ from adaptguard.drift.data import corrupt_to_similarity, kept_fraction, reformat
 from adaptguard.experiments.embedded import resolve_model
 from adaptguard.experiments.openai_evals import load_set
 from adaptguard.experiments.progress import progress_bar, say
-from adaptguard.experiments.sweeps import format_spread, machine_info, machine_line, spread
+from adaptguard.experiments.sweeps import format_spread, machine_info, report_footer, spread, write_report
 from adaptguard.talr.config import TALRConfig
 from adaptguard.talr.trainer import TALRTrainer
 from adaptguard.trl_adapter import no_activation_checkpointing
 from adaptguard.utils.figures import new_figure, save_figure
-from adaptguard.utils.files import atomic_write_text
 
 
 @dataclass
@@ -122,9 +120,7 @@ def main(args: Args) -> dict:
               "worst_r": worst["r"], "machine": machine_info(), "seconds": time.perf_counter() - start}
     out.mkdir(parents=True, exist_ok=True)
     plot(report, out / "drift.png")
-    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=float))
-    atomic_write_text(out / "report.md", markdown(report))
-    print(markdown(report))
+    write_report(out, report, markdown(report))
     return report
 
 
@@ -156,8 +152,7 @@ def markdown(report: dict) -> str:
              "| r | loss |", "|---|---|"]
     lines += [f"| {p['r']:g} | {format_spread(p, '.4f')} |" for p in report["per_r"]]
     lines += ["", f"Highest mean loss at r = {report['worst_r']:g}.", "", "![drift](drift.png)", "",
-              f"Total time {report['seconds'] / 60:.1f} min. Reproduce: `{s['command']}`. "
-              + machine_line(report["machine"]), ""]
+              report_footer(report), ""]
     return "\n".join(lines)
 
 

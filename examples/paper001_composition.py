@@ -18,7 +18,6 @@ Writes OUT/report.json, OUT/report.md and OUT/composition.png.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +29,8 @@ from adaptguard.compat.callback import evaluate_with_lm_eval
 from adaptguard.compat.metrics import flip_metrics
 from adaptguard.experiments.embedded import resolve_model
 from adaptguard.experiments.progress import say
-from adaptguard.experiments.sweeps import machine_info, machine_line
+from adaptguard.experiments.sweeps import machine_info, report_footer, write_report
 from adaptguard.utils.figures import new_figure, save_figure
-from adaptguard.utils.files import atomic_write_text
 
 SETTINGS = ("simple1", "simple2", "composite", "composite_icl")
 # (suite, pair) -> separable? (paper 001 §4.3.1: the by-parts composites A+F, D+F; §4.3.2: both translations)
@@ -93,9 +91,7 @@ def main(args: Args) -> dict:
               "seconds": time.perf_counter() - start}
     out.mkdir(parents=True, exist_ok=True)
     plot(rows, out / "composition.png", args.model)
-    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=float))
-    atomic_write_text(out / "report.md", markdown(report))
-    print(markdown(report))
+    write_report(out, report, markdown(report))
     return report
 
 
@@ -131,8 +127,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['pair']} | {'yes' if r['separable'] else 'no'} | {cells} | "
                      f"{r['icl_minus_composite']:+.2f} | {r['mcnemar_p']:.3g} |")
     lines += ["", "![composition](composition.png)", "",
-              f"Total time {report['seconds'] / 60:.1f} min. Reproduce: `{s['command']}`. "
-              + machine_line(report["machine"]), ""]
+              report_footer(report), ""]
     return "\n".join(lines)
 
 

@@ -36,8 +36,8 @@ from adaptguard.experiments.embedded import cache_root, resolve_model
 from adaptguard.experiments.muscle_update import UpdateConfig, run_update
 from adaptguard.experiments.openai_evals import as_prompt_completion, load_set
 from adaptguard.experiments.progress import say
-from adaptguard.experiments.sweeps import machine_info, machine_line
-from adaptguard.utils.files import atomic_write_text, replace_dir
+from adaptguard.experiments.sweeps import machine_info, report_footer, write_report
+from adaptguard.utils.files import replace_dir
 
 # v2: v1 trained on (full fine-tuning, language modelling) on LogiQA passages. Set once, before any update run.
 V2_RECIPE = {"text": "logiqa passages (the text before 'Question:')", "passages": 32, "max_steps": 8,
@@ -125,9 +125,7 @@ def main(args: Args) -> dict:
                            "command": command},
               "masks": {m: {k: v for k, v in r.items() if k != "config"} for m, r in results.items()},
               "machine": machine_info(), "seconds": time.perf_counter() - start}
-    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=float))
-    atomic_write_text(out / "report.md", markdown(report))
-    print(markdown(report))
+    write_report(out, report, markdown(report))
     return report
 
 
@@ -151,8 +149,7 @@ def markdown(report: dict) -> str:
                      f"{r['nfr_compat_ci'][1]:.3f}) | {r['delta_nfr']:+.3f} | {r['pfr_compat']:.3f} | "
                      f"{r['mcnemar_p_v1_compat']:.3g} | {aligned} |")
     lines += ["", "Flip plots: `<mask>/flips.png`.", "",
-              f"Total time {report['seconds'] / 60:.1f} min. Reproduce: `{s['command']}`. "
-              + machine_line(report["machine"]), ""]
+              report_footer(report), ""]
     return "\n".join(lines)
 
 

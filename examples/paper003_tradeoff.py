@@ -38,8 +38,7 @@ from adaptguard.experiments.demo import METHODS, Method, tradeoff_plot, train_me
 from adaptguard.experiments.embedded import resolve_model
 from adaptguard.experiments.openai_evals import as_letter_choices, as_prompt_completion, load_set
 from adaptguard.experiments.progress import progress_bar, say
-from adaptguard.experiments.sweeps import machine_info, machine_line, spread
-from adaptguard.utils.files import atomic_write_text
+from adaptguard.experiments.sweeps import machine_info, report_footer, spread, write_report
 
 ALL_METHODS = {**METHODS, "DFT": Method("DFT", {"weighting": "dft"})}
 ALL_METHODS.pop("FLOW")  # not among the baselines; `adaptguard demo` runs it on the toy
@@ -147,9 +146,7 @@ def main(args: Args) -> dict:
     tradeoff_plot(base, runs, out / "tradeoff.png", title=f"Domain vs general trade-off per method ({args.model})",
                   xlabel=f"domain score ({args.domain}, {len(test)} held-out questions, accuracy)",
                   ylabel=f"general score (mean accuracy, {len(general)} BIG-bench tasks)")
-    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=float))
-    atomic_write_text(out / "report.md", markdown(report))
-    print(markdown(report))
+    write_report(out, report, markdown(report))
     return report
 
 
@@ -178,8 +175,8 @@ def markdown(report: dict) -> str:
         lines += [f"| {e['epoch']:g} | {e['frac_p_gt_0.2']:.3f} | {e['quantiles']['p50']:.3f} |"
                   for e in ta["epochs"] if "frac_p_gt_0.2" in e]
         lines.append("")
-    lines += [f"Total time {report['seconds'] / 60:.1f} min. Reproduce: `{s['command']}`. "
-              + machine_line(report["machine"]), ""]
+    lines += [
+              report_footer(report), ""]
     return "\n".join(lines)
 
 

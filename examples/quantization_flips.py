@@ -15,7 +15,6 @@ Data: BIG-bench (Apache-2.0), read from the PyPI sdist bigbench==1.0.0 (download
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +27,7 @@ from adaptguard.compat.compare import compare_task
 from adaptguard.compat.report import plot_quadrants
 from adaptguard.experiments.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
 from adaptguard.experiments.embedded import resolve_model
-from adaptguard.experiments.sweeps import machine_info, machine_line
-from adaptguard.utils.files import atomic_write_text
+from adaptguard.experiments.sweeps import machine_info, machine_line, write_report
 
 
 @dataclass
@@ -84,9 +82,7 @@ def main(args: Args) -> dict:
             report["tasks"][f"{task} {variant}"] = {k: v for k, v in entry.items() if not k.startswith("_")}
     out.mkdir(parents=True, exist_ok=True)
     plot_quadrants(quadrants, out / "flips.png")
-    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=float))
-    atomic_write_text(out / "report.md", markdown(report))
-    print(markdown(report))
+    write_report(out, report, markdown(report))
     return report
 
 

