@@ -8,7 +8,6 @@ import zipfile
 
 import pytest
 import torch
-
 from conftest import ROOT
 from test_bigbench import QA, TOY
 
@@ -165,11 +164,12 @@ def test_paper000_drift_code_path_and_base_loss(tmp_path, monkeypatch, embedded_
 
 def test_paper001_composition_code_path(tmp_path, embedded_path):
     example = load_example("paper001_composition")
-    report = example.main(example.Args(model=str(embedded_path), pairs="af,t1", k=2, n_test=3,
+    report = example.main(example.Args(model=str(embedded_path), pairs="af,t1", k=2, n_test=3, n_test_translation=2,
                                        out=str(tmp_path / "out")))
     assert [(r["pair"], r["separable"]) for r in report["pairs"]] == [("af", True), ("t1", True)]
+    assert [r["n"] for r in report["pairs"]] == [3, 2]
     for r in report["pairs"]:
-        assert r["n"] == 3 and r["icl_minus_composite"] == pytest.approx(
+        assert r["icl_minus_composite"] == pytest.approx(
             r["exact_match"]["composite_icl"] - r["exact_match"]["composite"])
     assert r["word_metric"] == "wer"
     assert (tmp_path / "out" / "composition.png").stat().st_size > 0
