@@ -53,6 +53,8 @@ class Args:
     learning_rate: float = field(default=2e-4, metadata={"help": "LoRA learning rate (set before any run)."})
     style: str = field(default="question_answer", metadata={"help": "Table C2 prompt style of the base task."})
     batch_size: int = field(default=8, metadata={"help": "Training batch size."})
+    max_length: int = field(default=192, metadata={"help": "Tokens per sample (a corrupted text re-tokenizes longer "
+                                                            "than its original)."})
     out: str = field(default="paper000-drift-out", metadata={"help": "Output directory."})
     quick: bool = field(default=False, metadata={"help": "r in {0, 0.5, 1}, 16 questions, 1 epoch."})
 
@@ -68,7 +70,7 @@ def train_and_score(path: str, tokenizer, train_texts: list[str], test: Dataset,
     texts, the base model's loss."""
     config = TALRConfig(output_dir=str(work), weighting="none", bf16=torch.cuda.is_available(),
                         use_cpu=not torch.cuda.is_available(), **no_activation_checkpointing(), report_to="none",
-                        save_strategy="no", per_device_train_batch_size=args.batch_size,
+                        save_strategy="no", per_device_train_batch_size=args.batch_size, max_length=args.max_length,
                         per_device_eval_batch_size=args.batch_size, num_train_epochs=args.epochs,
                         learning_rate=args.learning_rate, seed=seed, disable_tqdm=True, logging_steps=1)
     trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(path), args=config,
