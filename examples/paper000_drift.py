@@ -68,10 +68,13 @@ def train_and_score(path: str, tokenizer, train_texts: list[str], test: Dataset,
                     work: Path) -> tuple[float, float]:
     """(loss on `test`'s completions after training a LoRA adapter on `train_texts`, train seconds); with no
     texts, the base model's loss."""
-    config = TALRConfig(output_dir=str(work), weighting="none", bf16=torch.cuda.is_available(),
+    # completion_only_loss: the eval loss over the answer tokens only (with a plain-text train set TRL's default
+    # would score the prompt tokens too); eval batches of 1: each question's mean weighs the same
+    config = TALRConfig(output_dir=str(work), weighting="none", completion_only_loss=True,
+                        bf16=torch.cuda.is_available(),
                         use_cpu=not torch.cuda.is_available(), **no_activation_checkpointing(), report_to="none",
                         save_strategy="no", per_device_train_batch_size=args.batch_size, max_length=args.max_length,
-                        per_device_eval_batch_size=args.batch_size, num_train_epochs=args.epochs,
+                        per_device_eval_batch_size=1, num_train_epochs=args.epochs,
                         learning_rate=args.learning_rate, seed=seed, disable_tqdm=True, logging_steps=1)
     trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(path), args=config,
                           train_dataset=Dataset.from_dict({"text": train_texts or ["unused"]}), eval_dataset=test,
@@ -149,8 +152,8 @@ def markdown(report: dict) -> str:
     lines = [f"# Paper 000 App. C.2 on {s['model']}: loss on the original task vs r", "",
              f"LoRA (r = 16) trained for {s['epochs']:g} epochs at learning rate {s['learning_rate']:g} on "
              f"{s['train_rows']} MedMCQA questions (style `{s['style']}`) made r-similar by Algorithm C1; loss = "
-             f"mean NLL of the answer tokens of {s['test_rows']} held-out original questions. Mean (min–max) over "
-             f"{s['seeds']} seeds. Base model (no fine-tuning): {report['base_loss']:.4f}.", "",
+             f"mean over {s['test_rows']} held-out original questions of the mean NLL of each one's answer tokens. "
+             f"Mean (min–max) over {s['seeds']} seeds. Base model (no fine-tuning): {report['base_loss']:.4f}.", "",
              "| r | loss |", "|---|---|"]
     lines += [f"| {p['r']:g} | {format_spread(p, '.4f')} |" for p in report["per_r"]]
     lines += ["", f"Highest mean loss at r = {report['worst_r']:g}.", "", "![drift](drift.png)", "",

@@ -4,6 +4,7 @@ on the embedded tiny models with small stand-in data (the real runs are in docs/
 import importlib.util
 import json
 import math
+import sys
 import zipfile
 
 import pytest
@@ -22,6 +23,7 @@ LOGIQA = {"input": [{"role": "system", "content": "Instructions: pick one."},
 def load_example(name):
     spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their string annotations through sys.modules
     spec.loader.exec_module(module)
     return module
 
@@ -129,7 +131,8 @@ def test_paper003_tradeoff_code_path(tmp_path, monkeypatch, embedded_path):
 
 
 def test_paper000_drift_code_path_and_base_loss(tmp_path, monkeypatch, embedded_path):
-    """The base loss the experiment reports equals the mean NLL of the answer tokens computed here by hand."""
+    """The base loss the experiment reports equals the mean over questions of each answer's mean token NLL,
+    computed here by hand."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     example = load_example("paper000_drift")
@@ -157,7 +160,7 @@ def test_paper000_drift_code_path_and_base_loss(tmp_path, monkeypatch, embedded_
             logp = model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
         targets = torch.tensor(ids[1:])
         nll = -logp.gather(1, targets[:, None])[:, 0][len(p_ids) - 1:]
-        total, count = total + nll.sum().item(), count + len(nll)
+        total, count = total + nll.mean().item(), count + 1
     assert report["base_loss"] == pytest.approx(total / count, rel=1e-4)
     assert math.isfinite(report["worst_r"])
 
