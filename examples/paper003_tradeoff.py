@@ -64,6 +64,8 @@ class Args:
 
 def evaluate(model, tokenizer, tasks: list[str], domain_task: str, args: Args, include: Path) -> tuple[dict, dict]:
     """(scores, runs): the domain accuracy, the mean general accuracy and each task's; the per-task samples."""
+    if torch.cuda.is_available():  # the base model and Wise-FT's checkpoint are loaded on the CPU
+        model.to("cuda")
     output = evaluate_with_lm_eval(model, tokenizer, tasks, batch_size=args.batch_size, include_path=[include])
     acc = {t: output["results"][t]["acc,none"] for t in tasks}
     general = [t for t in tasks if t != domain_task]
