@@ -13,10 +13,10 @@ Sets (source, licence):
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
+from ..utils.files import atomic_write_text
 from .wheels import downloaded_wheel, read_member
 
 WHEEL_NAME, WHEEL_VERSION = "evals", "3.0.1.post1"
@@ -61,9 +61,7 @@ def load_set(name: str, wheel: Path | None = None) -> list[dict]:
         rows = [parse_sample(json.loads(line), f"{MEMBERS[name]} line {i + 1}")
                 for i, line in enumerate(lines) if line.strip()]
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        os.replace(tmp, cache)
+        atomic_write_text(cache, "".join(json.dumps(r) + "\n" for r in rows))
     return [json.loads(line) for line in cache.read_text().splitlines()]
 
 
