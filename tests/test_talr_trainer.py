@@ -161,7 +161,9 @@ args = cpu_args(out, num_train_epochs=2, per_device_train_batch_size=4, token_an
                 token_analysis_examples=[0], token_analysis_max_examples=4, per_device_eval_batch_size=2)
 trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
 trainer.train()
-print(json.dumps({{"rank": trainer.accelerator.process_index, "eval_forwards": len(scored)}}))
+# one file per rank: two processes printing to one pipe can interleave their lines
+rank = trainer.accelerator.process_index
+open(f"{{out}}/rank{{rank}}.json", "w").write(json.dumps({{"rank": rank, "eval_forwards": len(scored)}}))
 """
 
 
@@ -176,7 +178,7 @@ def test_token_analysis_runs_on_every_rank(embedded_path, tmp_path):
            "--main_process_port", str(free_port()), str(script), str(embedded_path), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     # before training and after each of 2 epochs, 4 rows in batches of 2: 3 x 2 forwards on each rank
     assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["eval_forwards"] == 6 for r in ranks), ranks
     report = json.loads((out / "token_analysis" / "token_analysis.json").read_text())
