@@ -43,13 +43,24 @@ def _compare(ns: argparse.Namespace) -> int:
         from .utils.figures import check_figure_path
 
         check_figure_path(ns.plot, "--plot")  # before reading the runs
+    if ns.significance is not None and not ns.fail_on:
+        raise ValueError("--significance applies to --fail-on thresholds; give at least one --fail-on")
     report = compare_runs(ns.old, ns.new, similarity=ns.similarity, metric=ns.metric,
                           compatible_path=ns.compatible, n_boot=ns.n_boot, seed=ns.seed)
+    if ns.fail_on:  # before anything is written: a threshold that cannot apply is bad input (exit 2)
+        from .compat.gate import check_gate
+
+        report["gate"] = check_gate(report, ns.fail_on, ns.significance)
     print(to_text(report))
     write_outputs(report, ns.json, ns.markdown, ns.plot)
     for label, path in (("json", ns.json), ("markdown", ns.markdown), ("plot", ns.plot)):
         if path:
             print(f"{label}: {path}")
+    if ns.fail_on:
+        from .compat.gate import describe
+
+        print(describe(report["gate"]), file=sys.stdout if report["gate"]["passed"] else sys.stderr)
+        return 0 if report["gate"]["passed"] else 1
     return 0
 
 
@@ -306,6 +317,15 @@ def finite_float(text: str) -> float:
     return value
 
 
+def _threshold(text: str):
+    from .compat.gate import GateError, Threshold
+
+    try:
+        return Threshold.parse(text)
+    except GateError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer ≥ 1."""
     try:
@@ -363,6 +383,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--plot", help="draw the flip quadrants as PNG")
     cmp.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples for the intervals")
     cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    cmp.add_argument("--fail-on", action="append", type=_threshold, metavar="EXPR",
+                     help="regression gate, repeatable: [TASKGLOB:]METRIC>VALUE or <VALUE over nfr, pfr, nfr_mc, btc, "
+                          "old_acc, new_acc, acc_drop, smooth_nfr, ... (e.g. 'nfr>0.02', 'mmlu_*:btc<0.95'); exit "
+                          "status 1 when one holds, 2 for bad input")
+    cmp.add_argument("--significance", type=finite_float, metavar="ALPHA",
+                     help="count a --fail-on breach only when a test supports it at level ALPHA: exact one-sided "
+                          "binomial on the item counts for rates and btc, McNemar for acc_drop")
     cmp.set_defaults(func=_compare)
     tdir = sub.add_parser("tasks-dir", help="Print adaptguard's lm-eval task directory, for "
                           "`lm_eval --include_path`.")

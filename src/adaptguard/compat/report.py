@@ -39,6 +39,12 @@ def _fmt(value, pct=False) -> str:
     return f"{100 * value:.2f}" if pct else f"{value:.4g}"
 
 
+# the table column that shows each gated metric (acc_drop: the new accuracy)
+GATE_COLUMNS = {"old_acc": "old acc", "new_acc": "new acc", "acc_drop": "new acc", "nfr": "NFR %", "pfr": "PFR %",
+                "nfr_mc": "NFR_mc %", "btc": "BTC", "smooth_nfr": "smooth NFR %", "smooth_pfr": "smooth PFR %",
+                "m_g": "m_g", "m_r": "m_r", "delta_nfr": "ΔNFR_c"}
+
+
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     header = ["task", "n", "old acc", "new acc", "NFR %", "NFR 95% CI", "PFR %", "NFR_mc %", "BTC", "McNemar p"]
     smooth = any("similarity" in e for e in report["tasks"].values())
@@ -47,6 +53,7 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
         header += ["S", "smooth NFR %", "smooth PFR %", "m_g", "m_r"]
     if compat:
         header += ["ΔNFR_c", "Δ%NFR_c"]
+    breached = {(b["task"], b["metric"]) for b in (report.get("gate") or {}).get("breaches", [])}
     rows = []
     for name, e in report["tasks"].items():
         row = [name, str(e["n"]), _fmt(e.get("old_acc")), _fmt(e.get("new_acc")), _fmt(e.get("nfr"), True),
@@ -58,6 +65,10 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
         if compat:
             key = "delta_nfr" if "delta_nfr" in e else "delta_smooth_nfr"
             row += [_fmt(e.get(key), True), _fmt(e.get(f"{key}_pct"))]
+        for task, metric in breached:
+            column = GATE_COLUMNS.get(metric, GATE_COLUMNS["delta_nfr"] if metric.startswith("delta_") else None)
+            if task == name and column in header:
+                row[header.index(column)] += " (!)"  # a --fail-on breach
         rows.append(row)
     return header, rows
 
@@ -76,6 +87,13 @@ def to_markdown(report: dict) -> str:
              "compatibility (paper 002 §3); McNemar = exact test on the discordant pairs.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    gate = report.get("gate")
+    if gate is not None:
+        lines += ["", f"**Gate: {'passed' if gate['passed'] else 'FAILED'}** ({', '.join(f'`{t}`' for t in gate['thresholds'])}"
+                  + (f"; a breach counts at p < {gate['significance']}" if gate["significance"] is not None else "")
+                  + "). Breaching cells are marked (!)."]
+        lines += [f"- {b['task']}: {b['metric']} = {b['value']:.4g} {b['op']} {b['threshold']:g}"
+                  + ("" if b["p_value"] is None else f" (p = {b['p_value']:.3g})") for b in gate["breaches"]]
     return "\n".join(lines) + "\n"
 
 

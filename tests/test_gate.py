@@ -1,0 +1,112 @@
+"""`adaptguard compare --fail-on`: the regression gate, on real lm-eval runs and on hand-made reports."""
+
+import json
+import math
+
+import pytest
+from test_compat import independent_flips, run_cli
+
+from adaptguard.compat.gate import GateError, Threshold, breach_p_value, check_gate
+
+
+def upper_tail(k, n, p):
+    """P(X >= k), X ~ Binomial(n, p), summed by hand."""
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def entry(n, old_right, neg, pos):
+    """A compare entry with the fields the gate reads."""
+    from adaptguard.compat.metrics import mcnemar_exact_p
+
+    return {"n": n, "old_acc": old_right / n, "new_acc": (old_right - neg + pos) / n, "nfr": neg / n, "pfr": pos / n,
+            "n_negative_flips": neg, "n_positive_flips": pos, "btc": (old_right - neg) / old_right,
+            "mcnemar_p": mcnemar_exact_p(neg, pos), "nfr_mc": None}
+
+
+def test_parse_expressions():
+    t = Threshold.parse("mmlu_*:nfr>0.02")
+    assert (t.tasks, t.metric, t.op, t.value) == ("mmlu_*", "nfr", ">", 0.02)
+    t = Threshold.parse("btc < 0.95")
+    assert (t.tasks, t.metric, t.op, t.value) == ("*", "btc", "<", 0.95)
+    for bad, message in (("nfr=0.02", "expected"), ("nfr>", "expected"), ("accuracy>0.1", "unknown metric"),
+                         ("nfr>nan", "not a finite number"), ("nfr>abc", "not a finite number")):
+        with pytest.raises(GateError, match=message):
+            Threshold.parse(bad)
+
+
+def test_breach_p_values_match_hand_binomials():
+    e = entry(n=40, old_right=20, neg=5, pos=1)
+    # nfr: 5 of 40 items, H0 rate <= 0.02
+    assert breach_p_value(e, Threshold.parse("nfr>0.02")) == pytest.approx(upper_tail(5, 40, 0.02))
+    # btc: 15 of the 20 old-right items stay right, H0 btc >= 0.95: P(X <= 15), X ~ Bin(20, 0.95)
+    want = 1 - upper_tail(16, 20, 0.95)
+    assert breach_p_value(e, Threshold.parse("btc<0.95")) == pytest.approx(want)
+    # acc_drop: McNemar on 5 negative vs 1 positive flips, two-sided: 2 * P(X <= 1), X ~ Bin(6, 1/2)
+    assert breach_p_value(e, Threshold.parse("acc_drop>0")) == pytest.approx(2 * 7 / 64)
+
+
+def test_significance_keeps_only_supported_breaches():
+    report = {"tasks": {"small": entry(n=10, old_right=5, neg=1, pos=0),  # nfr .10, p = 1 - .98^10 = .18
+                        "large": entry(n=40, old_right=20, neg=5, pos=1),  # nfr .125, p ≈ .0012
+                        "clean": entry(n=40, old_right=20, neg=0, pos=3)}}
+    plain = check_gate(report, [Threshold.parse("nfr>0.02")])
+    assert not plain["passed"] and sorted(b["task"] for b in plain["breaches"]) == ["large", "small"]
+    tested = check_gate(report, [Threshold.parse("nfr>0.02")], significance=0.05)
+    assert [b["task"] for b in tested["breaches"]] == ["large"]
+    assert tested["breaches"][0]["p_value"] == pytest.approx(upper_tail(5, 40, 0.02))
+    assert check_gate(report, [Threshold.parse("nfr>0.02")], significance=0.001)["passed"]
+    only_small = check_gate(report, [Threshold.parse("sm*:nfr>0.02")])
+    assert [b["task"] for b in only_small["breaches"]] == ["small"]
+
+
+def test_gate_bad_thresholds():
+    report = {"tasks": {"t": entry(n=10, old_right=5, neg=1, pos=0)}}
+    with pytest.raises(GateError, match="no task matches 'mmlu'"):
+        check_gate(report, [Threshold.parse("mmlu:nfr>0.02")])
+    with pytest.raises(GateError, match="m_g has no significance test"):
+        check_gate(report, [Threshold.parse("m_g<0.1")], significance=0.05)
+    with pytest.raises(GateError, match="no matched task reports smooth_nfr"):
+        check_gate(report, [Threshold.parse("smooth_nfr>0.1")])
+    with pytest.raises(GateError, match="must be in"):
+        check_gate(report, [Threshold.parse("nfr>0.1")], significance=1.5)
+    # nfr_mc undefined (no predictions): not applicable, not a breach
+    gate = check_gate(report, [Threshold.parse("nfr_mc>0")])
+    assert gate["passed"] and gate["not_applicable"] == [{"task": "t", "expr": "nfr_mc>0"}]
+
+
+def test_compare_gate_on_real_runs(lm_runs, tmp_path):
+    from lm_eval_runs import samples_file
+
+    want = {task: independent_flips(samples_file(lm_runs / "old", task), samples_file(lm_runs / "new", task), metric)
+            for task, metric in (("t_piqa", "acc"), ("t_gsm", "exact_match"))}
+    worst = max(w["nfr"] for w in want.values())
+    assert worst > 0  # the fixture's aggressive fine-tune broke something (see test_compare_cli_end_to_end)
+    threshold = worst / 2
+    out = tmp_path / "gate"
+    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", "--fail-on", f"nfr>{threshold}",
+                   "--fail-on", "btc<0", "--json", out / "g.json", "--markdown", out / "g.md")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    breached = sorted(t for t, w in want.items() if w["nfr"] > threshold)
+    gate = json.loads((out / "g.json").read_text())["gate"]
+    assert not gate["passed"] and sorted(b["task"] for b in gate["breaches"]) == breached
+    for b in gate["breaches"]:
+        assert b["value"] == pytest.approx(want[b["task"]]["nfr"]) and b["threshold"] == threshold
+        assert b["task"] in proc.stderr and f"nfr = {b['value']:.4g} > {threshold:g}" in proc.stderr
+    assert "Gate: FAILED" in (out / "g.md").read_text() and "(!)" in (out / "g.md").read_text()
+
+    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", "--fail-on", f"nfr>{worst}", "--fail-on",
+                   f"acc_drop>{max(w['old_acc'] - w['new_acc'] for w in want.values())}")
+    assert proc.returncode == 0 and "gate: passed" in proc.stdout, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fail-on", "nfr=0.1"], "expected [TASKGLOB:]METRIC>VALUE"),
+    (["--fail-on", "flips>0.1"], "unknown metric 'flips'"),
+    (["--fail-on", "mmlu_*:nfr>0.1"], "no task matches 'mmlu_*'"),
+    (["--fail-on", "m_r>0.1", "--significance", "0.05"], "m_r has no significance test"),
+    (["--significance", "0.05"], "give at least one --fail-on"),
+])
+def test_compare_gate_bad_input_exits_2_and_writes_nothing(lm_runs, tmp_path, args, message):
+    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", *args, "--json", tmp_path / "x.json")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "x.json").exists()
