@@ -51,9 +51,19 @@ def _compare(ns: argparse.Namespace) -> int:
         from .compat.gate import check_gate
 
         report["gate"] = check_gate(report, ns.fail_on, ns.significance)
+    if ns.show_flips:
+        from .compat.flips import flipped_documents
+
+        report["negative_flips"] = {task: flipped_documents(e, negative_only=True, limit=ns.show_flips)
+                                    for task, e in report["tasks"].items()}
+    all_flips = None
+    if ns.flips_out:
+        from .compat.flips import flipped_documents
+
+        all_flips = [{"task": task, **flip} for task, e in report["tasks"].items() for flip in flipped_documents(e)]
     print(to_text(report))
-    write_outputs(report, ns.json, ns.markdown, ns.plot)
-    for label, path in (("json", ns.json), ("markdown", ns.markdown), ("plot", ns.plot)):
+    write_outputs(report, ns.json, ns.markdown, ns.plot, flips_path=ns.flips_out, flips=all_flips)
+    for label, path in (("json", ns.json), ("markdown", ns.markdown), ("plot", ns.plot), ("flips", ns.flips_out)):
         if path:
             print(f"{label}: {path}")
     if ns.fail_on:
@@ -383,6 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--plot", help="draw the flip quadrants as PNG")
     cmp.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples for the intervals")
     cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    cmp.add_argument("--show-flips", type=positive_int, metavar="N",
+                     help="show up to N negative flips per task: prompt (shortened), gold, old and new answer "
+                          "(also in --markdown and --json)")
+    cmp.add_argument("--flips-out", metavar="FILE", help="write every flipped document, both answers, as JSON lines")
     cmp.add_argument("--fail-on", action="append", type=_threshold, metavar="EXPR",
                      help="regression gate, repeatable: [TASKGLOB:]METRIC>VALUE or <VALUE over nfr, pfr, nfr_mc, btc, "
                           "old_acc, new_acc, acc_drop, smooth_nfr, ... (e.g. 'nfr>0.02', 'mmlu_*:btc<0.95'); exit "

@@ -129,6 +129,7 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
                            f"; name one with --metric or score the generations with --similarity NAME")
         entry["_correct"] = ([s.metrics[entry["metric"]] for s in o], [s.metrics[entry["metric"]] for s in n]) \
             if "metric" in entry else None
+        entry["_samples"] = (o, n)  # for the flipped documents (`flips.flipped_documents`)
         out[filt] = entry
     return out
 

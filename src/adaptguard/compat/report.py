@@ -11,6 +11,7 @@ import numpy as np
 
 from ..utils.figures import new_figure, save_figure
 from ..utils.files import atomic_write_text
+from .flips import shorten
 
 
 def _public(entry: dict) -> dict:
@@ -73,11 +74,28 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def flip_lines(report: dict, markdown: bool = False) -> list[str]:
+    """The `--show-flips` documents: per task, prompt (shortened), gold, old and new answer."""
+    lines = []
+    for task, flips in (report.get("negative_flips") or {}).items():
+        lines += ["", f"{'### ' if markdown else ''}{task}: {len(flips)} negative flip(s) shown"]
+        if markdown and flips:
+            lines += ["", "| doc_id | prompt | gold | old | new |", "|---|---|---|---|---|"]
+        for f in flips:
+            cells = [str(f["doc_id"]), shorten(f["prompt"]), shorten(f["gold"], 60), shorten(f["old"], 60),
+                     shorten(f["new"], 60)]
+            if markdown:
+                lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            else:
+                lines.append(f"  doc {cells[0]}: {cells[1]!r}\n    gold {cells[2]!r} | old {cells[3]!r} | new {cells[4]!r}")
+    return lines
+
+
 def to_text(report: dict) -> str:
     header, rows = table_rows(report)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows), *flip_lines(report)])
 
 
 def to_markdown(report: dict) -> str:
@@ -94,6 +112,8 @@ def to_markdown(report: dict) -> str:
                   + "). Breaching cells are marked (!)."]
         lines += [f"- {b['task']}: {b['metric']} = {b['value']:.4g} {b['op']} {b['threshold']:g}"
                   + ("" if b["p_value"] is None else f" (p = {b['p_value']:.3g})") for b in gate["breaches"]]
+    if report.get("negative_flips"):
+        lines += ["", "## Negative flips (right before, wrong after)", *flip_lines(report, markdown=True)]
     return "\n".join(lines) + "\n"
 
 
@@ -136,14 +156,18 @@ def plot_quadrants(report: dict, path: Path) -> None:
     save_figure(fig, path, dpi=100)
 
 
-def write_outputs(report: dict, json_path=None, markdown_path=None, plot_path=None) -> None:
+def write_outputs(report: dict, json_path=None, markdown_path=None, plot_path=None, *, flips_path=None,
+                  flips: list[dict] | None = None) -> None:
     """Render the texts, draw and write the figure (the step most likely to fail), then write the texts; each file
-    atomically, so a failure or an interruption leaves no half-written file and no report without its figure."""
+    atomically, so a failure or an interruption leaves no half-written file and no report without its figure.
+    `flips` (every flipped document) goes to `flips_path` as JSON lines."""
     rendered = []
     if json_path:
         rendered.append((Path(json_path), to_json(report)))
     if markdown_path:
         rendered.append((Path(markdown_path), to_markdown(report)))
+    if flips_path:
+        rendered.append((Path(flips_path), "".join(json.dumps(_clean(f)) + "\n" for f in flips or [])))
     for path, _ in rendered:
         if path.is_dir():
             raise ValueError(f"{path}: is a directory; give a file path")

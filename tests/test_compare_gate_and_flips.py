@@ -110,3 +110,41 @@ def test_compare_gate_bad_input_exits_2_and_writes_nothing(lm_runs, tmp_path, ar
     proc = run_cli("compare", lm_runs / "old", lm_runs / "new", *args, "--json", tmp_path / "x.json")
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_show_flips_and_flips_out_on_real_runs(lm_runs, tmp_path):
+    """Every flipped document, read independently from the raw sample lines: the choice texts for multiple choice,
+    the generation for the generation task; negative flips first in --show-flips."""
+    from lm_eval_runs import samples_file
+
+    out = tmp_path / "f"
+    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", "--show-flips", "2", "--flips-out", out / "flips.jsonl",
+                   "--json", out / "c.json", "--markdown", out / "c.md")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = [json.loads(line) for line in (out / "flips.jsonl").read_text().splitlines()]
+    want = []
+    for task, metric in (("t_piqa", "acc"), ("t_gsm", "exact_match")):
+        old = {r["doc_id"]: r for r in map(json.loads, samples_file(lm_runs / "old", task).open())}
+        new = {r["doc_id"]: r for r in map(json.loads, samples_file(lm_runs / "new", task).open())}
+        for doc_id in sorted(old):
+            o, n = old[doc_id], new[doc_id]
+            if o[metric] == n[metric]:
+                continue
+            args = [o["arguments"][f"gen_args_{i}"] for i in range(len(o["arguments"]))]
+            if task == "t_piqa":
+                choices = [a["arg_1"] for a in args]
+                answer = lambda r: choices[max(range(len(choices)), key=lambda i: float(r["filtered_resps"][i][0]))]  # noqa: E731
+                gold = choices[int(o["target"])]
+            else:
+                answer, gold = (lambda r: r["filtered_resps"][0]), o["target"]
+            want.append({"task": task, "doc_id": doc_id, "kind": "negative" if o[metric] else "positive",
+                         "prompt": args[0]["arg_0"], "gold": gold, "old": answer(o), "new": answer(n)})
+    key = lambda f: (f["task"], f["doc_id"])  # noqa: E731
+    assert sorted(got, key=key) == sorted(want, key=key) and want
+    shown = json.loads((out / "c.json").read_text())["negative_flips"]
+    for task in ("t_piqa", "t_gsm"):
+        negatives = [f for f in got if f["task"] == task and f["kind"] == "negative"]
+        assert [f["doc_id"] for f in shown[task]] == [f["doc_id"] for f in negatives][:2]
+        assert f"{task}: {len(shown[task])} negative flip(s) shown" in proc.stdout
+    md = (out / "c.md").read_text()
+    assert "## Negative flips" in md and "| doc_id | prompt | gold | old | new |" in md

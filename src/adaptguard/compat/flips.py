@@ -1,0 +1,94 @@
+"""The flipped documents behind a compatibility report: prompt, gold answer, the old and the new answer.
+
+`compare_task` keeps the joined samples of each task (`entry["_samples"]`); the prompts and choice texts are not
+kept in memory (a 100k-sample log would double in size), so they are read back here, only for the flipped
+documents, from the samples files' lines that `Sample.where` names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import orjson
+
+from .runs import RunError, Sample, prediction
+
+
+def _read_lines(wheres: set[str]) -> dict[str, dict]:
+    """{"file:line": record} for the given places, one pass over each file."""
+    by_file: dict[str, set[int]] = defaultdict(set)
+    for where in wheres:
+        path, _, line = where.rpartition(":")
+        if line.isdigit():  # samples read from a file (in-memory results have no lines to go back to)
+            by_file[path].add(int(line))
+    out = {}
+    for path, lines in by_file.items():
+        with open(path, "rb") as f:
+            for line_no, line in enumerate(f, 1):
+                if line_no in lines:
+                    try:
+                        out[f"{path}:{line_no}"] = orjson.loads(line)
+                    except orjson.JSONDecodeError:  # Python's json NaN tokens
+                        out[f"{path}:{line_no}"] = json.loads(line)
+    return out
+
+
+def _choices(record: dict) -> list[str] | None:
+    """The continuations of a multiple-choice request (None for generation)."""
+    args = [a for _, a in sorted(record.get("arguments", {}).items(), key=lambda kv: int(kv[0].rsplit("_", 1)[1]))]
+    if len(args) > 1 and all(isinstance(a.get("arg_1"), str) for a in args):
+        return [a["arg_1"] for a in args]
+    return None
+
+
+def _answer(sample: Sample, choices: list[str] | None):
+    pred = prediction(sample.response)
+    return choices[pred] if choices is not None and isinstance(pred, int) and pred < len(choices) else pred
+
+
+def _gold(target, choices: list[str] | None):
+    if choices is not None:
+        try:
+            return choices[int(target)]
+        except (TypeError, ValueError, IndexError):
+            pass
+    return target
+
+
+def shorten(text, width: int = 120) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def flipped_documents(entry: dict, *, negative_only: bool = False, limit: int | None = None) -> list[dict]:
+    """The flips of one report entry, negative first: `[{doc_id, kind, prompt, gold, old, new, [delta]}]`.
+
+    A flip is a change of the 0/1 metric, or, for a task scored by similarity only, a change of S (`delta` =
+    S(new) − S(old); the largest regressions first).
+    """
+    old_samples, new_samples = entry["_samples"]
+    if entry.get("_correct") is not None:
+        old_ok, new_ok = entry["_correct"]
+        kinds = ["negative" if o and not n else "positive" if n and not o else None for o, n in zip(old_ok, new_ok)]
+        order = sorted(range(len(kinds)), key=lambda i: kinds[i] != "negative")
+        delta = None
+    else:
+        delta = entry["_delta"]
+        kinds = ["negative" if d < 0 else "positive" if d > 0 else None for d in delta]
+        order = sorted(range(len(kinds)), key=lambda i: float(delta[i]))
+    picked = [i for i in order if kinds[i] == "negative" or (kinds[i] == "positive" and not negative_only)][:limit]
+    records = _read_lines({s.where for i in picked for s in (old_samples[i], new_samples[i]) if s.where})
+    out = []
+    for i in picked:
+        o, n = old_samples[i], new_samples[i]
+        rec = records.get(o.where)
+        if rec is None:
+            raise RunError(f"doc_id {o.doc_id}: the sample's line ({o.where or 'in memory'}) cannot be read back")
+        choices = _choices(rec)
+        item = {"doc_id": o.doc_id, "kind": kinds[i], "prompt": rec.get("arguments", {}).get("gen_args_0", {}).get("arg_0"),
+                "gold": _gold(o.target, choices), "old": _answer(o, choices), "new": _answer(n, choices)}
+        if delta is not None:
+            item["delta"] = float(delta[i])
+        out.append(item)
+    return out
