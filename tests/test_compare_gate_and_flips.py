@@ -1,8 +1,10 @@
-"""`adaptguard compare --fail-on`: the regression gate, on real lm-eval runs and on hand-made reports."""
+"""`adaptguard compare`: the regression gate (--fail-on), the flipped documents (--show-flips, --flips-out) and several
+new runs in one table; on real lm-eval runs and on hand-made reports."""
 
 import json
 import math
 
+import numpy as np
 import pytest
 from test_compat import independent_flips, run_cli
 
@@ -131,14 +133,15 @@ def test_show_flips_and_flips_out_on_real_runs(lm_runs, tmp_path):
             if o[metric] == n[metric]:
                 continue
             args = [o["arguments"][f"gen_args_{i}"] for i in range(len(o["arguments"]))]
-            if task == "t_piqa":
+            if task == "t_piqa":  # the choice with the largest log-likelihood
                 choices = [a["arg_1"] for a in args]
-                answer = lambda r: choices[max(range(len(choices)), key=lambda i: float(r["filtered_resps"][i][0]))]  # noqa: E731
+                old_ans, new_ans = (choices[int(np.argmax([float(r[0]) for r in rec["filtered_resps"]]))]
+                                    for rec in (o, n))
                 gold = choices[int(o["target"])]
             else:
-                answer, gold = (lambda r: r["filtered_resps"][0]), o["target"]
+                old_ans, new_ans, gold = o["filtered_resps"][0], n["filtered_resps"][0], o["target"]
             want.append({"task": task, "doc_id": doc_id, "kind": "negative" if o[metric] else "positive",
-                         "prompt": args[0]["arg_0"], "gold": gold, "old": answer(o), "new": answer(n)})
+                         "prompt": args[0]["arg_0"], "gold": gold, "old": old_ans, "new": new_ans})
     key = lambda f: (f["task"], f["doc_id"])  # noqa: E731
     assert sorted(got, key=key) == sorted(want, key=key) and want
     shown = json.loads((out / "c.json").read_text())["negative_flips"]
@@ -148,3 +151,28 @@ def test_show_flips_and_flips_out_on_real_runs(lm_runs, tmp_path):
         assert f"{task}: {len(shown[task])} negative flip(s) shown" in proc.stdout
     md = (out / "c.md").read_text()
     assert "## Negative flips" in md and "| doc_id | prompt | gold | old | new |" in md
+
+
+def test_compare_several_new_runs_in_one_table(lm_runs, tmp_path):
+    """OLD NEW1 NEW2: each new run against the old one, named `task [run]`, equal to the pairwise comparisons;
+    the gate and its task globs apply to every row."""
+    import shutil
+
+    second = tmp_path / "again"
+    shutil.copytree(lm_runs / "old", second)  # the old model evaluated again: no flips at all
+    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", second, "--json", tmp_path / "m.json",
+                   "--markdown", tmp_path / "m.md", "--fail-on", "*again*:nfr>0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    many = json.loads((tmp_path / "m.json").read_text())
+    assert many["new"] == [str(lm_runs / "new"), str(second)]
+    assert sorted(many["tasks"]) == ["t_gsm [again]", "t_gsm [new]", "t_piqa [again]", "t_piqa [new]"]
+    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", "--json", tmp_path / "p.json")
+    pair = json.loads((tmp_path / "p.json").read_text())["tasks"]
+    for task in ("t_gsm", "t_piqa"):
+        assert many["tasks"][f"{task} [new]"] == pair[task]
+        assert many["tasks"][f"{task} [again]"]["nfr"] == 0 and many["tasks"][f"{task} [again]"]["btc"] == 1
+    assert "| t_gsm [again] |" in (tmp_path / "m.md").read_text()
+    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", second, "--fail-on", "*new*:nfr>0", "--json",
+                   tmp_path / "g.json")
+    breaches = json.loads((tmp_path / "g.json").read_text())["gate"]["breaches"]
+    assert proc.returncode == 1 and breaches and all(b["task"].endswith(" [new]") for b in breaches)

@@ -383,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="Compatibility metrics (negative/positive flips, ...) between two lm-eval "
                          "runs saved with --log_samples.")
     cmp.add_argument("old", help="old model's run: an lm-eval --output_path directory or a samples_*.jsonl file")
-    cmp.add_argument("new", help="new model's run, same form")
+    cmp.add_argument("new", nargs="+", help="new model's run, same form; several runs (e.g. v2 candidates) are each "
+                                            "compared with OLD in one table, tasks named `task [run]`")
     cmp.add_argument("--compatible", help="a third run (e.g. a compatibility adapter): adds the Δ-metrics")
     cmp.add_argument("--similarity", help="score generations with this similarity plugin (rouge1, rouge2, rougeL, "
                      "bleu, exact_match, or a plugin's) for smooth flips")

@@ -10,6 +10,7 @@ Works for any lm-eval task logged with `--log_samples`:
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from ..plugins import get_similarity
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
@@ -137,21 +138,31 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
 def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: str | None = None,
                  compatible_path=None, n_boot: int = 2000, seed: int = 0) -> dict:
     """Compare two lm-eval runs; returns `{"tasks": {name: metrics}}` (name = task, or `task,filter` for
-    tasks logged with several filters). Raises `RunError` for anything that does not match."""
+    tasks logged with several filters). `new_path` may be a list of runs, each compared with the old one: then
+    the names are `task [run]` (`run` = the run's folder or file name) in one report. Raises `RunError` for
+    anything that does not match."""
     if similarity is not None:
         get_similarity(similarity)  # unknown name: fail before reading anything
-    old, new = read_run(old_path), read_run(new_path)
+    new_paths = list(new_path) if isinstance(new_path, (list, tuple)) else [new_path]
+    old = read_run(old_path)
     compat = read_run(compatible_path) if compatible_path is not None else None
-    if set(old) != set(new):
-        raise RunError(f"the runs have different tasks: only in {old_path}: {sorted(set(old) - set(new))}, "
-                       f"only in {new_path}: {sorted(set(new) - set(old))}")
     if compat is not None and set(compat) != set(old):
         raise RunError(f"the compatible run {compatible_path} has tasks {sorted(compat)}, expected {sorted(old)}")
+    labels = [Path(p).name for p in new_paths]
+    if len(set(labels)) < len(labels):  # runs in folders of the same name: number them instead
+        labels = [f"new{i + 1}" for i in range(len(new_paths))]
     tasks = {}
-    for task in sorted(old):
-        per_filter = compare_task(old[task], new[task], similarity=similarity, metric=metric,
-                                  compatible=None if compat is None else compat[task], n_boot=n_boot, seed=seed)
-        for filt, entry in per_filter.items():
-            tasks[task if len(per_filter) == 1 else f"{task},{filt}"] = entry
-    return {"old": str(old_path), "new": str(new_path), "compatible": None if compatible_path is None
-            else str(compatible_path), "tasks": tasks}
+    for path, label in zip(new_paths, labels):
+        new = read_run(path)
+        if set(old) != set(new):
+            raise RunError(f"the runs have different tasks: only in {old_path}: {sorted(set(old) - set(new))}, "
+                           f"only in {path}: {sorted(set(new) - set(old))}")
+        for task in sorted(old):
+            per_filter = compare_task(old[task], new[task], similarity=similarity, metric=metric,
+                                      compatible=None if compat is None else compat[task], n_boot=n_boot, seed=seed)
+            for filt, entry in per_filter.items():
+                name = task if len(per_filter) == 1 else f"{task},{filt}"
+                tasks[name if len(new_paths) == 1 else f"{name} [{label}]"] = entry
+        del new  # one new run in memory at a time
+    return {"old": str(old_path), "new": str(new_paths[0]) if len(new_paths) == 1 else [str(p) for p in new_paths],
+            "compatible": None if compatible_path is None else str(compatible_path), "tasks": tasks}

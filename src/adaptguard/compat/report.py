@@ -100,7 +100,8 @@ def to_text(report: dict) -> str:
 
 def to_markdown(report: dict) -> str:
     header, rows = table_rows(report)
-    lines = [f"# Compatibility: `{report['old']}` → `{report['new']}`", "",
+    new = report["new"] if isinstance(report["new"], str) else "`, `".join(report["new"])
+    lines = [f"# Compatibility: `{report['old']}` → `{new}`", "",
              "NFR/PFR = negative/positive flip rate, NFR_mc = inconsistency flips, BTC = backward trust "
              "compatibility (paper 002 §3); McNemar = exact test on the discordant pairs.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
