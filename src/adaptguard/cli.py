@@ -118,6 +118,7 @@ def run_lm_eval(argv: list[str]) -> int:
     old_argv = sys.argv
     with tempfile.TemporaryDirectory(prefix="adaptguard-lm-eval-tasks-") as tmp:
         include = gathered_include_path([*user_dirs, *lm_eval_task_dirs()], Path(tmp))
+        _add_compat_variants(argv, include)
         sys.argv = ["lm_eval", *argv, "--include_path", str(include)]
         try:
             cli_evaluate()
@@ -125,6 +126,41 @@ def run_lm_eval(argv: list[str]) -> int:
             return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         finally:
             sys.argv = old_argv
+    return 0
+
+
+def _add_compat_variants(argv: list[str], include: Path) -> None:
+    """Write `compat_<name>` variants (`compat.variants`) into `include` for each `--tasks` name of that form that
+    no task folder defines (the hand-written compat tasks and globs are left to lm-eval)."""
+    names = []
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--tasks" and i + 1 < len(argv) else arg.split("=", 1)[1] \
+            if arg.startswith("--tasks=") else None
+        if value is not None:
+            names += [n.strip() for n in value.split(",") if n.strip().startswith("compat_")
+                      and not any(c in n for c in "*?[")]
+    if not names:
+        return
+    from lm_eval.tasks import TaskManager
+
+    from .compat.variants import write_compat_tasks
+
+    manager = TaskManager(include_path=str(include))
+    missing = [n for n in names if n not in manager.task_index]
+    if missing:
+        write_compat_tasks(missing, include / "generated-compat-variants", task_manager=manager)
+
+
+def _compat_tasks(ns: argparse.Namespace) -> int:
+    from .compat.variants import write_compat_tasks
+
+    for d in ns.include_path or []:
+        if not Path(d).is_dir():
+            raise ValueError(f"--include_path {d}: no such directory")
+    written = write_compat_tasks(ns.names, ns.out, include_path=ns.include_path)
+    print("\n".join(map(str, written)))
+    print(f"use: lm_eval --include_path {ns.out} --tasks {','.join('compat_' + n.removeprefix('compat_') for n in ns.names)}"
+          " --metadata '{\"compat_reference\": \"runs/old\"}' --log_samples ...")
     return 0
 
 
@@ -415,6 +451,13 @@ def build_parser() -> argparse.ArgumentParser:
                          add_help=False)
     lme.add_argument("args", nargs=argparse.REMAINDER, help="lm-eval's own arguments (see adaptguard lm-eval --help)")
     lme.set_defaults(func=_lm_eval)
+    ct = sub.add_parser("compat-tasks", help="write compat_<name> lm-eval task YAMLs (the original task scored as "
+                                             "it is, plus flips against --metadata compat_reference) for any task, "
+                                             "group or tag lm-eval knows, for lm_eval --include_path")
+    ct.add_argument("names", nargs="+", help="task, group or tag names (e.g. mmlu arc_easy)")
+    ct.add_argument("--out", required=True, help="directory to write the YAMLs into")
+    ct.add_argument("--include_path", action="append", help="your own task folders, as for lm_eval (repeatable)")
+    ct.set_defaults(func=_compat_tasks)
     cache = sub.add_parser("cache-logits", help="Run the old model once over a training set and store its top-k "
                            "log-probabilities, for MUSCLETrainer (MUSCLEConfig.old_logits_cache).")
     cache.add_argument("--old-model", required=True, help="old (v1) task model, or its base with --old-adapter")

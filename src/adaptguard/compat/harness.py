@@ -110,7 +110,7 @@ def reference_for(task: str, doc: dict) -> dict | None:
 
 
 # ------------------------------------------------------------------------------- per-sample results
-def _flips(correct: bool, pred, ref_correct: bool, ref_pred) -> dict:
+def flip_results(correct: bool, pred, ref_correct: bool, ref_pred) -> dict:
     """This sample's flips against the reference run, by the formulas of `metrics.flip_indicators`; `btc`
     is the (old right, new right) pair that the `compat_btc` aggregation reduces."""
     flips = flip_indicators([ref_correct], [correct], [ref_pred], [pred])
@@ -126,7 +126,7 @@ def multiple_choice_results(task: str, doc: dict, results, gold: int, choices: l
     ref = reference_for(task, doc)
     if ref is not None:
         ref_pred = prediction(ref["filtered_resps"])
-        out.update(_flips(bool(out["acc"]), pred, ref_pred == gold, ref_pred))
+        out.update(flip_results(bool(out["acc"]), pred, ref_pred == gold, ref_pred))
     return out
 
 
@@ -150,7 +150,7 @@ def exact_match_results(task: str, doc: dict, results, target: str, *, regexes_t
     ref = reference_for(task, doc)
     if ref is not None:
         ref_pred = _text(ref["filtered_resps"])
-        out.update(_flips(bool(out["exact_match"]), pred, correct(ref_pred), ref_pred))
+        out.update(flip_results(bool(out["exact_match"]), pred, correct(ref_pred), ref_pred))
     return out
 
 
@@ -164,9 +164,15 @@ def similarity_results(task: str, doc: dict, results, references: list[str], sim
     out = {similarity: s_new}
     ref = reference_for(task, doc)
     if ref is not None:
-        d = float(similarity_deltas([_text(ref["filtered_resps"])], [_text(results)], [references], score)[0])
-        out.update({"smooth_pfr": float(d > 0), "smooth_nfr": float(d < 0), "m_g": d, "m_r": d})
+        out.update(smooth_results(_text(results), _text(ref["filtered_resps"]), references, score))
     return out
+
+
+def smooth_results(new_text: str, old_text: str, references: list[str], score) -> dict:
+    """This sample's smooth flips, `D = S(new) − S(old)` (`metrics.similarity_deltas`): `smooth_pfr`/`smooth_nfr`
+    are the indicators D > 0 / D < 0; `m_g`/`m_r` carry D to their aggregations."""
+    d = float(similarity_deltas([old_text], [new_text], [references], score)[0])
+    return {"smooth_pfr": float(d > 0), "smooth_nfr": float(d < 0), "m_g": d, "m_r": d}
 
 
 def gathered_include_path(dirs: list[Path], into: Path) -> Path:

@@ -1,0 +1,129 @@
+"""`compat_<name>` for any lm-eval task or group (`adaptguard.compat.variants`): real lm-eval runs on the embedded
+tiny models; the in-harness flips must equal `adaptguard compare` on the same two runs."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from lm_eval_runs import samples_file
+from test_compat import run_cli
+
+from adaptguard.compat.compare import compare_runs
+
+# a generation task whose filter is named "none", like the multiple-choice task's: the group then pools both
+GSM_NONE = """include: {tasks}/t_gsm.yaml
+task: t_gsm_n
+filter_list:
+  - name: "none"
+    filter:
+      - function: "regex"
+        regex_pattern: "(\\\\d+)"
+      - function: "take_first"
+"""
+PAIR = """group: t_pair
+task:
+  - t_piqa
+  - t_gsm_n
+aggregate_metric_list:
+  - metric: acc
+    weight_by_size: true
+metadata:
+  version: 1.0
+"""
+
+
+def lm_eval(model, tasks_dir, out, tasks, *extra, wrapper=False):
+    head = [sys.executable, "-m", "adaptguard.cli", "lm-eval"] if wrapper else [sys.executable, "-m", "lm_eval"]
+    cmd = [*head, "--model", "hf", "--model_args", f"pretrained={model}", "--tasks", tasks, "--include_path",
+           str(tasks_dir), "--device", "cpu", "--batch_size", "8", "--log_samples", "--output_path", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def results(out):
+    (path,) = out.rglob("results_*.json")
+    return json.loads(path.read_text())["results"]
+
+
+@pytest.fixture(scope="module")
+def variant_runs(lm_runs, embedded_path, tmp_path_factory):
+    root = tmp_path_factory.mktemp("variants")
+    tasks = root / "tasks"
+    shutil.copytree(lm_runs / "tasks", tasks)
+    (tasks / "t_gsm_n.yaml").write_text(GSM_NONE.format(tasks=tasks))
+    (tasks / "t_pair.yaml").write_text(PAIR)
+    for name, model in (("old", embedded_path), ("new", lm_runs / "new_model" / "model")):
+        proc = lm_eval(model, tasks, root / name, "t_piqa,t_gsm_n")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return root
+
+
+def test_group_variant_flips_equal_compare(variant_runs, lm_runs):
+    root = variant_runs
+    out = root / "compat"
+    meta = json.dumps({"compat_reference": str(root / "old"), "compat_similarity": "rouge1"})
+    proc = lm_eval(lm_runs / "new_model" / "model", root / "tasks", out, "compat_t_pair", "--metadata", meta,
+                   wrapper=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = results(out)
+    want = compare_runs(root / "old", root / "new", n_boot=10)["tasks"]
+    smooth = compare_runs(samples_file(root / "old", "t_gsm_n"), samples_file(root / "new", "t_gsm_n"),
+                          similarity="rouge1", n_boot=10)["tasks"]["t_gsm_n"]
+    for task in ("t_piqa", "t_gsm_n"):
+        for key in ("nfr", "pfr", "nfr_mc", "btc"):
+            assert got[f"compat_{task}"][f"{key},none"] == pytest.approx(want[task][key]), (task, key)
+        metric = "acc" if task == "t_piqa" else "exact_match"  # the original's own metric, scored as it is
+        assert got[f"compat_{task}"][f"{metric},none"] == pytest.approx(want[task]["new_acc"])
+    for key in ("smooth_nfr", "smooth_pfr", "m_g", "m_r"):
+        if smooth[key] is not None:
+            assert got["compat_t_gsm_n"][f"{key},none"] == pytest.approx(smooth[key]), key
+    assert want["t_gsm_n"]["nfr"] > 0  # the fine-tune broke the generation task: the pooling below is not 0 = 0
+    n = {t: want[t]["n"] for t in want}
+    for key in ("nfr", "pfr", "nfr_mc"):
+        pooled = sum(want[t][key] * n[t] for t in n) / sum(n.values())
+        assert got["compat_t_pair"][f"{key},none"] == pytest.approx(pooled), key
+
+
+def test_variant_without_reference_reports_the_original_metrics(variant_runs, lm_runs, tmp_path):
+    """Plain lm_eval on YAMLs from `adaptguard compat-tasks`: the original's scores, no flips, one warning."""
+    gen = tmp_path / "gen"
+    proc = run_cli("compat-tasks", "t_piqa", "--include_path", variant_runs / "tasks", "--out", gen)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in gen.iterdir()) == ["compat_t_piqa.yaml"]
+    proc = lm_eval(lm_runs / "new_model" / "model", gen, tmp_path / "run", "compat_t_piqa")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = results(tmp_path / "run")["compat_t_piqa"]
+    want = compare_runs(variant_runs / "old", variant_runs / "new", n_boot=10)["tasks"]["t_piqa"]
+    assert got["acc,none"] == pytest.approx(want["new_acc"]) and "nfr,none" not in got
+    assert proc.stderr.count("no compat_reference given") == 1
+
+
+def test_reference_that_does_not_cover_the_documents_fails_before_scoring(variant_runs, lm_runs, tmp_path):
+    limited = tmp_path / "limited"  # as written by --limit 5: the first five documents only
+    shutil.copytree(variant_runs / "old", limited)
+    f = samples_file(limited, "t_piqa")
+    f.write_text("".join(line + "\n" for line in f.read_text().splitlines() if json.loads(line)["doc_id"] < 5))
+    proc = lm_eval(lm_runs / "new_model" / "model", variant_runs / "tasks", tmp_path / "x", "compat_t_piqa",
+                   "--metadata", json.dumps({"compat_reference": str(limited)}), wrapper=True)
+    assert proc.returncode == 2 and "compat_t_piqa: doc_id 5 is not in the compat_reference run of t_piqa" \
+        in proc.stderr, proc.stderr[-3000:]
+    assert not list(tmp_path.glob("x/**/results_*.json"))
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(variant_runs / "old", tampered)
+    f = samples_file(tampered, "t_piqa")
+    rows = [json.loads(line) for line in f.read_text().splitlines()]
+    rows[2]["prompt_hash"] = "0" * 64  # as if the old run had used other few-shot examples for doc 2
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = lm_eval(lm_runs / "new_model" / "model", variant_runs / "tasks", tmp_path / "y", "compat_t_piqa",
+                   "--metadata", json.dumps({"compat_reference": str(tampered)}), wrapper=True)
+    assert proc.returncode == 2 and "doc_id 2 has another prompt" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_unknown_names_and_folders_are_refused(variant_runs, tmp_path):
+    proc = run_cli("compat-tasks", "no_such_task", "--include_path", variant_runs / "tasks", "--out", tmp_path / "o")
+    assert proc.returncode == 2 and "lm-eval knows no task, group or tag 'no_such_task'" in proc.stderr
+    assert not (tmp_path / "o").exists()
+    proc = run_cli("compat-tasks", "t_piqa", "--include_path", tmp_path / "missing", "--out", tmp_path / "o")
+    assert proc.returncode == 2 and "no such directory" in proc.stderr
