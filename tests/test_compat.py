@@ -272,3 +272,22 @@ def test_compare_refuses_non_finite_scores(lm_runs, tmp_path, task, edit, messag
     proc = run_cli("compare", lm_runs / "old", run, "--json", tmp_path / "x.json")
     assert proc.returncode == 2 and f"{f}:5: {message}" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_loglikelihood_task_has_no_inconsistency_flips():
+    """A loglikelihood task (one continuation, acc = is_greedy) has no answer to disagree on: nfr_mc is None,
+    not a comparison of log-likelihood strings; nfr/pfr as usual."""
+    from pathlib import Path
+
+    from adaptguard.compat.compare import compare_task
+    from adaptguard.compat.runs import Sample, TaskRun
+
+    def run(accs, lls):
+        samples = {("none", i): Sample(doc_id=i, filter="none", doc_hash=str(i), target_hash="t", prompt_hash="p",
+                                       target=" x", response=[str(ll), str(bool(a))], metrics={"acc": float(a)})
+                   for i, (a, ll) in enumerate(zip(accs, lls))}
+        return TaskRun(task="lambada_like", path=Path("x"), samples=samples, config={"output_type": "loglikelihood"})
+
+    (entry,) = compare_task(run([1, 1, 0, 0], [-1, -2, -3, -4]), run([1, 0, 1, 0], [-1.5, -2.5, -3.5, -4.5]),
+                            n_boot=10).values()
+    assert entry["nfr_mc"] is None and entry["nfr"] == 0.25 and entry["pfr"] == 0.25

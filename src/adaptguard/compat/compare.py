@@ -77,11 +77,13 @@ def _references(sample: Sample) -> list[str]:
     return [str(r) for r in refs]
 
 
-def _flips(old: list[Sample], new: list[Sample], metric: str, n_boot: int, seed: int) -> dict:
+def _flips(old: list[Sample], new: list[Sample], metric: str, n_boot: int, seed: int,
+           output_type: str | None = None) -> dict:
     for s in (*old, *new):
         check_log_likelihoods(s)
     preds = [prediction(s.response) for s in old], [prediction(s.response) for s in new]
-    have = all(p is not None for p in preds[0] + preds[1])
+    # a loglikelihood task scores one continuation: there is no answer to disagree on, so no nfr_mc
+    have = output_type != "loglikelihood" and all(p is not None for p in preds[0] + preds[1])
     return flip_metrics([s.metrics[metric] for s in old], [s.metrics[metric] for s in new],
                         *(preds if have else (None, None)), n_boot=n_boot, seed=seed)
 
@@ -104,10 +106,10 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
             choose_metric(new, filt, name)
             entry["metric"] = name
 
-            entry.update(_flips(o, n, name, n_boot, seed))
+            entry.update(_flips(o, n, name, n_boot, seed, entry["output_type"]))
             if c is not None:
                 choose_metric(compatible, filt, name)
-                compat = _flips(o, c, name, n_boot, seed)
+                compat = _flips(o, c, name, n_boot, seed, entry["output_type"])
                 entry["compatible"] = compat
                 entry.update(delta_metrics(entry, compat))
         if similarity is not None and isinstance(prediction(o[0].response), str):
