@@ -1,8 +1,11 @@
 """`adaptguard compare` on 100k joined samples: wall time, and its ratio to merely parsing the two
-sample files naively (orjson, every record kept in a list, GC on: what a quick script does).
+sample files naively (orjson, every record kept in a list, GC on: what a quick script does); then, with
+`--large`, 1,000,000 joined samples: `compare_seconds_per_100k` and the peak memory of a process that only
+compares (memory must grow linearly with the samples: compare the two sizes' `peak_rss_mib`).
 
     python benchmarks/bench_compare.py               # 100k multiple-choice samples per run, 3 repeats
     python benchmarks/bench_compare.py --n 200000 --repeats 5
+    python benchmarks/bench_compare.py --large       # also 1,000,000 (two ~0.7 GB files in a temporary folder)
 
 The synthetic files have lm-eval 0.4 `--log_samples` records (doc, arguments, 4-way log-likelihood
 responses, hashes, `acc`). Goal (issue 3): a few seconds for 100k.
@@ -14,6 +17,8 @@ import argparse
 import hashlib
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--large", action="store_true", help="also 1,000,000 joined samples")
     args = parser.parse_args()
     from adaptguard.compat.compare import compare_runs
 
@@ -69,12 +75,34 @@ def main() -> None:
                         with open(f, "rb") as fh:
                             [orjson.loads(line) for line in fh]
                     t_parse.append(time.perf_counter() - start)
-    entry = report["tasks"]["bench_mc"]
-    print(f"joined_samples: {entry['n']}")
-    print(f"compare_seconds_median: {statistics.median(t_compare):.3f}")
-    print(f"naive_parse_seconds_median: {statistics.median(t_parse):.3f}")
-    print(f"compare_over_parse_ratio: {statistics.median(t_compare) / statistics.median(t_parse):.3f}")
-    print(f"nfr: {entry['nfr']:.4f}  pfr: {entry['pfr']:.4f}  nfr_mc: {entry['nfr_mc']:.4f}")
+        peak = peak_rss_mib(old, new)
+        entry = report["tasks"]["bench_mc"]
+        print(f"joined_samples: {entry['n']}")
+        print(f"compare_seconds_median: {statistics.median(t_compare):.3f}")
+        print(f"compare_seconds_per_100k: {statistics.median(t_compare) / entry['n'] * 1e5:.3f}")
+        print(f"naive_parse_seconds_median: {statistics.median(t_parse):.3f}")
+        print(f"compare_over_parse_ratio: {statistics.median(t_compare) / statistics.median(t_parse):.3f}")
+        print(f"peak_rss_mib: {peak:.0f}")
+        print(f"nfr: {entry['nfr']:.4f}  pfr: {entry['pfr']:.4f}  nfr_mc: {entry['nfr_mc']:.4f}")
+        if args.large:
+            old, new = write_run(Path(tmp), 1_000_000, 3, 0.3), write_run(Path(tmp), 1_000_000, 4, 0.25)
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                compare_runs(old, new)
+                times.append(time.perf_counter() - start)
+            print("joined_samples: 1000000")
+            print(f"compare_seconds_median: {statistics.median(times):.3f}")
+            print(f"compare_seconds_per_100k: {statistics.median(times) / 10:.3f}")
+            print(f"peak_rss_mib: {peak_rss_mib(old, new):.0f}")
+
+
+def peak_rss_mib(old: Path, new: Path) -> float:
+    """Peak resident memory of a fresh process that imports adaptguard and compares the two runs."""
+    code = ("import resource, sys; from adaptguard.compat.compare import compare_runs; "
+            "compare_runs(sys.argv[1], sys.argv[2]); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", code, str(old), str(new)], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1]) / 1024  # Linux: KiB
 
 
 if __name__ == "__main__":
