@@ -61,6 +61,7 @@ def main() -> None:
     from adaptguard.compat.compare import compare_runs
 
     with tempfile.TemporaryDirectory() as tmp:
+        compare_runs(write_run(Path(tmp) / "warm", 100, 1, 0.3), write_run(Path(tmp) / "warm", 100, 2, 0.25))  # imports
         old, new = write_run(Path(tmp), args.n, 1, 0.3), write_run(Path(tmp), args.n, 2, 0.25)
         files = [next(old.glob("samples_*")), next(new.glob("samples_*"))]
         t_compare, t_parse = [], []
