@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..plugins import get_similarity
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
-from .runs import RunError, Sample, TaskRun, check_log_likelihoods, prediction, read_run
+from .runs import RunError, Sample, TaskRun, checked_prediction, prediction, read_run
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
 
@@ -79,9 +79,7 @@ def _references(sample: Sample) -> list[str]:
 
 def _flips(old: list[Sample], new: list[Sample], metric: str, n_boot: int, seed: int,
            output_type: str | None = None) -> dict:
-    for s in (*old, *new):
-        check_log_likelihoods(s)
-    preds = [prediction(s.response) for s in old], [prediction(s.response) for s in new]
+    preds = [checked_prediction(s) for s in old], [checked_prediction(s) for s in new]
     # a loglikelihood task scores one continuation: there is no answer to disagree on, so no nfr_mc
     have = output_type != "loglikelihood" and all(p is not None for p in preds[0] + preds[1])
     return flip_metrics([s.metrics[metric] for s in old], [s.metrics[metric] for s in new],
