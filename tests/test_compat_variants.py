@@ -9,6 +9,7 @@ import sys
 import pytest
 from lm_eval_runs import samples_file
 from test_compat import run_cli
+from test_compat_tasks import results
 
 from adaptguard.compat.compare import compare_runs
 
@@ -39,11 +40,6 @@ def lm_eval(model, tasks_dir, out, tasks, *extra, wrapper=False):
     cmd = [*head, "--model", "hf", "--model_args", f"pretrained={model}", "--tasks", tasks, "--include_path",
            str(tasks_dir), "--device", "cpu", "--batch_size", "8", "--log_samples", "--output_path", str(out), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-
-
-def results(out):
-    (path,) = out.rglob("results_*.json")
-    return json.loads(path.read_text())["results"]
 
 
 @pytest.fixture(scope="module")
