@@ -275,8 +275,9 @@ def test_compare_refuses_non_finite_scores(lm_runs, tmp_path, task, edit, messag
 
 
 def test_loglikelihood_task_has_no_inconsistency_flips():
-    """A loglikelihood task (one continuation, acc = is_greedy) has no answer to disagree on: nfr_mc is None,
-    not a comparison of log-likelihood strings; nfr/pfr as usual."""
+    """A loglikelihood task (one continuation, acc = is_greedy; logged as one (ll, is_greedy) pair per document) has
+    no answer to disagree on: nfr_mc is None, not a comparison of choice indices that are always 0; nfr/pfr as
+    usual."""
     from pathlib import Path
 
     from adaptguard.compat.compare import compare_task
@@ -284,7 +285,7 @@ def test_loglikelihood_task_has_no_inconsistency_flips():
 
     def run(accs, lls):
         samples = {("none", i): Sample(doc_id=i, filter="none", doc_hash=str(i), target_hash="t", prompt_hash="p",
-                                       target=" x", response=[str(ll), str(bool(a))], metrics={"acc": float(a)})
+                                       target=" x", response=[[str(ll), str(bool(a))]], metrics={"acc": float(a)})
                    for i, (a, ll) in enumerate(zip(accs, lls))}
         return TaskRun(task="lambada_like", path=Path("x"), samples=samples, config={"output_type": "loglikelihood"})
 

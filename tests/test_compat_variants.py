@@ -23,10 +23,25 @@ filter_list:
         regex_pattern: "(\\\\d+)"
       - function: "take_first"
 """
+# a loglikelihood task (one continuation; acc = the continuation is the greedy one)
+LOGLIKELIHOOD = """include: {tasks}/t_piqa.yaml
+task: t_ll
+output_type: loglikelihood
+doc_to_target: " {{{{sol1}}}}"
+doc_to_choice: null
+metric_list:
+  - metric: perplexity
+    aggregation: perplexity
+    higher_is_better: false
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
 PAIR = """group: t_pair
 task:
   - t_piqa
   - t_gsm_n
+  - t_ll
 aggregate_metric_list:
   - metric: acc
     weight_by_size: true
@@ -48,9 +63,10 @@ def variant_runs(lm_runs, embedded_path, tmp_path_factory):
     tasks = root / "tasks"
     shutil.copytree(lm_runs / "tasks", tasks)
     (tasks / "t_gsm_n.yaml").write_text(GSM_NONE.format(tasks=tasks))
+    (tasks / "t_ll.yaml").write_text(LOGLIKELIHOOD.format(tasks=tasks))
     (tasks / "t_pair.yaml").write_text(PAIR)
     for name, model in (("old", embedded_path), ("new", lm_runs / "new_model" / "model")):
-        proc = lm_eval(model, tasks, root / name, "t_piqa,t_gsm_n")
+        proc = lm_eval(model, tasks, root / name, "t_piqa,t_gsm_n,t_ll")
         assert proc.returncode == 0, proc.stderr[-3000:]
     return root
 
@@ -66,18 +82,22 @@ def test_group_variant_flips_equal_compare(variant_runs, lm_runs):
     want = compare_runs(root / "old", root / "new", n_boot=10)["tasks"]
     smooth = compare_runs(samples_file(root / "old", "t_gsm_n"), samples_file(root / "new", "t_gsm_n"),
                           similarity="rouge1", n_boot=10)["tasks"]["t_gsm_n"]
-    for task in ("t_piqa", "t_gsm_n"):
+    for task in ("t_piqa", "t_gsm_n", "t_ll"):
         for key in ("nfr", "pfr", "nfr_mc", "btc"):
-            assert got[f"compat_{task}"][f"{key},none"] == pytest.approx(want[task][key]), (task, key)
-        metric = "acc" if task == "t_piqa" else "exact_match"  # the original's own metric, scored as it is
+            if want[task][key] is None:  # loglikelihood: no nfr_mc on either side
+                assert f"{key},none" not in got[f"compat_{task}"], (task, key)
+            else:
+                assert got[f"compat_{task}"][f"{key},none"] == pytest.approx(want[task][key]), (task, key)
+        metric = "exact_match" if task == "t_gsm_n" else "acc"  # the original's own metric, scored as it is
         assert got[f"compat_{task}"][f"{metric},none"] == pytest.approx(want[task]["new_acc"])
+    assert "perplexity,none" in got["compat_t_ll"]  # the loglikelihood task's other metric, kept
     for key in ("smooth_nfr", "smooth_pfr", "m_g", "m_r"):
         if smooth[key] is not None:
             assert got["compat_t_gsm_n"][f"{key},none"] == pytest.approx(smooth[key]), key
     assert want["t_gsm_n"]["nfr"] > 0  # the fine-tune broke the generation task: the pooling below is not 0 = 0
-    n = {t: want[t]["n"] for t in want}
     for key in ("nfr", "pfr", "nfr_mc"):
-        pooled = sum(want[t][key] * n[t] for t in n) / sum(n.values())
+        have = [t for t in want if want[t][key] is not None]  # lm-eval pools over the subtasks that report it
+        pooled = sum(want[t][key] * want[t]["n"] for t in have) / sum(want[t]["n"] for t in have)
         assert got["compat_t_pair"][f"{key},none"] == pytest.approx(pooled), key
 
 
