@@ -136,6 +136,11 @@ def test_reference_that_does_not_cover_the_documents_fails_before_scoring(varian
                    "--metadata", json.dumps({"compat_reference": str(tampered)}), wrapper=True)
     assert proc.returncode == 2 and "doc_id 2 has another prompt" in proc.stderr, proc.stderr[-3000:]
 
+    proc = lm_eval(lm_runs / "new_model" / "model", variant_runs / "tasks", tmp_path / "z", "compat_t_piqa",
+                   "--metadata", json.dumps({"compat_reference": str(tmp_path / "nowhere")}), wrapper=True)
+    assert proc.returncode == 2 and f"compat_t_piqa: compat_reference {tmp_path / 'nowhere'}: no such file" \
+        in proc.stderr, proc.stderr[-3000:]
+
 
 def test_unknown_names_and_folders_are_refused(variant_runs, tmp_path):
     proc = run_cli("compat-tasks", "no_such_task", "--include_path", variant_runs / "tasks", "--out", tmp_path / "o")

@@ -70,7 +70,10 @@ class CompatTask(ConfigurableTask):
             logger.warning("%s: no compat_reference given (--metadata '{\"compat_reference\": DIR}'); reporting "
                            "%s's own metrics only", self.config.task, self.original)
             return None
-        files = find_sample_files(reference)
+        try:
+            files = find_sample_files(reference)
+        except RunError as err:
+            raise RunError(f"{self.config.task}: compat_reference {err}") from err
         if self.original not in files:
             raise RunError(f"{self.config.task}: compat_reference {reference} has no samples of {self.original!r} (it "
                            f"has {sorted(files)}); run lm_eval --tasks {self.original} --log_samples on the old model")
