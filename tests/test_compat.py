@@ -281,13 +281,14 @@ def test_loglikelihood_task_has_no_inconsistency_flips():
     from pathlib import Path
 
     from adaptguard.compat.compare import compare_task
-    from adaptguard.compat.runs import Sample, TaskRun
+    from adaptguard.compat.runs import TaskRun, samples_from_records
 
     def run(accs, lls):
-        samples = {("none", i): Sample(doc_id=i, filter="none", doc_hash=str(i), target_hash="t", prompt_hash="p",
-                                       target=" x", response=[[str(ll), str(bool(a))]], metrics={"acc": float(a)})
-                   for i, (a, ll) in enumerate(zip(accs, lls))}
-        return TaskRun(task="lambada_like", path=Path("x"), samples=samples, config={"output_type": "loglikelihood"})
+        records = ((f"line {i}", {"doc_id": i, "doc_hash": str(i), "target_hash": "t", "prompt_hash": "p", "target": " x",
+                                  "filtered_resps": [[str(ll), str(bool(a))]], "metrics": ["acc"], "acc": float(a)})
+                   for i, (a, ll) in enumerate(zip(accs, lls)))
+        return TaskRun(task="lambada_like", path=Path("x"), samples=samples_from_records(records),
+                       config={"output_type": "loglikelihood"})
 
     (entry,) = compare_task(run([1, 1, 0, 0], [-1, -2, -3, -4]), run([1, 0, 1, 0], [-1.5, -2.5, -3.5, -4.5]),
                             n_boot=10).values()

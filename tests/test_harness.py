@@ -34,7 +34,7 @@ def test_doc_hash_matches_lm_eval_logs(lm_runs):
 def test_per_sample_flips_against_a_reference(monkeypatch):
     doc = {"goal": "g", "sol1": "aa", "sol2": "b", "label": 0}
     monkeypatch.setitem(harness._REFERENCES, "compat_piqa",
-                        {harness.doc_hash(doc): {"filtered_resps": [["-1.0", "False"], ["-3.0", "False"]]}})
+                        {harness.doc_hash(doc): {"answer": 0}})  # the reference chose choice 0
     # reference right (choice 0); now wrong (choice 1): a negative flip
     out = harness.multiple_choice_results("compat_piqa", doc, [(-5.0, False), (-2.0, True)], 0, ["aa", "b"])
     assert out == {"acc": 0.0, "acc_norm": 0.0, "nfr": 1.0, "pfr": 0.0, "nfr_mc": 1.0, "btc": (1.0, 0.0)}
@@ -62,7 +62,7 @@ def test_gsm8k_exact_match_and_smooth_flips(monkeypatch):
     # read from the installed lm-eval's gsm8k.yaml: the settings its own gsm8k task scores exact_match with
     assert utils.GSM8K_EXACT_MATCH == {"regexes_to_ignore": [",", "\\$", "(?s).*#### ", "\\.$"], "ignore_case": True}
     doc = {"question": "q", "answer": "work\n#### 1,234"}
-    monkeypatch.setitem(harness._REFERENCES, "compat_gsm8k", {harness.doc_hash(doc): {"filtered_resps": ["99"]}})
+    monkeypatch.setitem(harness._REFERENCES, "compat_gsm8k", {harness.doc_hash(doc): {"answer": "99"}})
     out = utils.gsm8k_results(doc, ["1234."])  # "," and the final "." ignored, as lm-eval's gsm8k does
     assert out == {"exact_match": 1.0, "nfr": 0.0, "pfr": 1.0, "nfr_mc": 0.0, "btc": (0.0, 1.0)}
     out = utils.gsm8k_results(doc, ["1,235"])
@@ -70,7 +70,7 @@ def test_gsm8k_exact_match_and_smooth_flips(monkeypatch):
 
     sdoc = {"id": "1", "dialogue": "d", "summary": "the cat sat down"}
     monkeypatch.setitem(harness._REFERENCES, "compat_samsum",
-                        {harness.doc_hash(sdoc): {"filtered_resps": ["the cat sat"]}})
+                        {harness.doc_hash(sdoc): {"answer": "the cat sat"}})
     out = harness.similarity_results("compat_samsum", sdoc, ["a dog"], [sdoc["summary"]])
     assert out["rouge1"] == 0.0
     assert out["smooth_nfr"] == 1.0 and out["m_r"] == pytest.approx(-6 / 7)
@@ -122,7 +122,7 @@ def test_compare_and_the_harness_extract_the_same_predictions(monkeypatch):
     """One prediction extraction (`runs.prediction`) for `compare` and the compat_* tasks: an empty response is the
     empty answer in both, so their inconsistency flips agree item by item."""
     from adaptguard.compat.compare import compare_task
-    from adaptguard.compat.runs import Sample, TaskRun, prediction
+    from adaptguard.compat.runs import TaskRun, prediction, samples_from_records
 
     assert prediction([]) == "" and prediction([[]]) == "" and prediction([["72"]]) == "72"
     assert prediction([(-2.0, False), (-1.0, True), (-1.0, False)]) == 1  # the first maximum, as lm-eval's acc
@@ -130,14 +130,14 @@ def test_compare_and_the_harness_extract_the_same_predictions(monkeypatch):
     old_resps, new_resps = [["1"], ["2"], ["3"]], [[], ["1"], ["4"]]
     per_sample = []
     for doc, old, new in zip(docs, old_resps, new_resps):
-        monkeypatch.setitem(harness._REFERENCES, "compat_gsm8k", {harness.doc_hash(doc): {"filtered_resps": old}})
+        monkeypatch.setitem(harness._REFERENCES, "compat_gsm8k", {harness.doc_hash(doc): {"answer": prediction(old)}})
         per_sample.append(harness.exact_match_results("compat_gsm8k", doc, new, doc["answer"],
                                                       **_task_utils("compat").GSM8K_EXACT_MATCH))
 
-    def run(resps):
-        samples = {("none", i): Sample(i, "none", None, None, None, "1", r, {"exact_match": float(prediction(r) == "1")})
-                   for i, r in enumerate(resps)}
-        return TaskRun("t", Path("<memory>"), samples)
+    def run(resps):  # read as compare reads a samples file's records
+        records = ((f"line {i}", {"doc_id": i, "target": "1", "filtered_resps": r, "metrics": ["exact_match"],
+                                  "exact_match": float(prediction(r) == "1")}) for i, r in enumerate(resps))
+        return TaskRun("t", Path("<memory>"), samples_from_records(records))
 
     entry = compare_task(run(old_resps), run(new_resps))["none"]
     for key in ("nfr", "pfr", "nfr_mc"):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..plugins import get_similarity
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
-from .runs import RunError, Sample, TaskRun, checked_prediction, prediction, read_run
+from .runs import RunError, Sample, TaskRun, read_run
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
 
@@ -65,10 +65,10 @@ def choose_metric(run: TaskRun, filt: str, requested: str | None) -> str | None:
 
 
 def _text(sample: Sample) -> str:
-    pred = prediction(sample.response)
-    if not isinstance(pred, str):
-        raise RunError(f"doc_id {sample.doc_id}: --similarity needs generated text, got {sample.response!r:.80}")
-    return pred
+    if not isinstance(sample.answer, str):
+        raise RunError(f"{sample.where or f'doc_id {sample.doc_id}'}: --similarity needs generated text, got "
+                       f"{sample.answer!r:.80}")
+    return sample.answer
 
 
 def _references(sample: Sample) -> list[str]:
@@ -79,7 +79,7 @@ def _references(sample: Sample) -> list[str]:
 
 def _flips(old: list[Sample], new: list[Sample], metric: str, n_boot: int, seed: int,
            output_type: str | None = None) -> dict:
-    preds = [checked_prediction(s) for s in old], [checked_prediction(s) for s in new]
+    preds = [s.answer for s in old], [s.answer for s in new]
     # a loglikelihood task scores one continuation: there is no answer to disagree on, so no nfr_mc
     have = output_type != "loglikelihood" and all(p is not None for p in preds[0] + preds[1])
     return flip_metrics([s.metrics[metric] for s in old], [s.metrics[metric] for s in new],
@@ -110,7 +110,7 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
                 compat = _flips(o, c, name, n_boot, seed, entry["output_type"])
                 entry["compatible"] = compat
                 entry.update(delta_metrics(entry, compat))
-        if similarity is not None and isinstance(prediction(o[0].response), str):
+        if similarity is not None and isinstance(o[0].answer, str):
             refs = [_references(s) for s in o]
             old_text = [_text(s) for s in o]
             delta = similarity_deltas(old_text, [_text(s) for s in n], refs, get_similarity(similarity))

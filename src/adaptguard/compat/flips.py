@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import orjson
 
-from .runs import RunError, Sample, prediction
+from .runs import RunError, Sample
 
 
 def _read_lines(wheres: set[str]) -> dict[str, dict]:
@@ -43,7 +43,7 @@ def _choices(record: dict) -> list[str] | None:
 
 
 def _answer(sample: Sample, choices: list[str] | None):
-    pred = prediction(sample.response)
+    pred = sample.answer
     return choices[pred] if choices is not None and isinstance(pred, int) and pred < len(choices) else pred
 
 

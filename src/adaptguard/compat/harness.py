@@ -26,7 +26,7 @@ from .metrics import (
 )
 from .runs import RunError, find_sample_files, prediction, read_task_run
 
-# task -> {doc_hash: reference sample record (filtered_resps + metrics)}
+# task -> {doc_hash: {"answer": the reference run's answer (`runs.answer`)}}
 _REFERENCES: dict[str, dict[str, dict]] = {}
 
 
@@ -69,7 +69,7 @@ def _load_reference(task: str, reference: str, aliases: tuple[str, ...]) -> dict
         if sample.doc_hash is None:
             raise RunError(f"{path}: doc_id {doc_id} has no doc_hash; was it written by lm-eval --log_samples?")
         # several filters per doc: keep the first (compat tasks log one filter)
-        records.setdefault(sample.doc_hash, {"filtered_resps": sample.response})
+        records.setdefault(sample.doc_hash, {"answer": sample.answer})
     return records
 
 
@@ -125,7 +125,7 @@ def multiple_choice_results(task: str, doc: dict, results, gold: int, choices: l
     out = {"acc": float(pred == gold), "acc_norm": float(pred_norm == gold)}
     ref = reference_for(task, doc)
     if ref is not None:
-        ref_pred = prediction(ref["filtered_resps"])
+        ref_pred = ref["answer"]
         out.update(flip_results(bool(out["acc"]), pred, ref_pred == gold, ref_pred))
     return out
 
@@ -149,7 +149,7 @@ def exact_match_results(task: str, doc: dict, results, target: str, *, regexes_t
     out = {"exact_match": float(correct(pred))}
     ref = reference_for(task, doc)
     if ref is not None:
-        ref_pred = _text(ref["filtered_resps"])
+        ref_pred = _text(ref["answer"])
         out.update(flip_results(bool(out["exact_match"]), pred, correct(ref_pred), ref_pred))
     return out
 
@@ -164,7 +164,7 @@ def similarity_results(task: str, doc: dict, results, references: list[str], sim
     out = {similarity: s_new}
     ref = reference_for(task, doc)
     if ref is not None:
-        out.update(smooth_results(_text(results), _text(ref["filtered_resps"]), references, score))
+        out.update(smooth_results(_text(results), _text(ref["answer"]), references, score))
     return out
 
 

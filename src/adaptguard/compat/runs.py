@@ -1,6 +1,6 @@
 """Reading lm-eval `--log_samples` output: `samples_<task>_<timestamp>.jsonl` (+ the sibling
 `results_<timestamp>.json` for the task configs and few-shot settings), from files or directories of
-any depth. Lines are parsed with orjson (several times faster than `json` on 100k-sample logs)."""
+any depth."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
+import simdjson
 
 SAMPLES_RE = re.compile(r"^samples_(?P<task>.+)_(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}\.\d+)\.jsonl$")
 
@@ -28,7 +28,7 @@ class Sample:
     target_hash: str | None
     prompt_hash: str | None
     target: object
-    response: object  # filtered_resps
+    answer: object  # the model's answer in filtered_resps (`prediction`): a choice index, a generated string or None
     metrics: dict[str, float]  # the numeric per-sample metrics (NaN kept: it is refused where it is used)
     where: str = ""  # file:line (or the in-memory source) for messages
     other_metrics: dict[str, object] = field(default_factory=dict)  # listed metrics that are not numbers
@@ -99,91 +99,103 @@ def read_task_run(task: str, samples_file: Path) -> TaskRun:
 
 
 def _read_samples(samples_file: Path) -> dict[tuple[str, int], Sample]:
-    def records():
-        with open(samples_file, "rb") as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    try:  # lm-eval writes Python's json, whose NaN/Infinity tokens orjson refuses
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as err:
-                        raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err})") from err
-                yield f"{samples_file}:{line_no}", rec
-
-    samples = samples_from_records(records())
+    # simdjson parses lazily: only the fields read below become Python objects; the documents, prompts and raw
+    # responses that make up most of a line are never built (3x faster than a full parse on 100k-sample logs)
+    parser = simdjson.Parser()
+    samples: dict[tuple[str, int], Sample] = {}
+    prefix = f"{samples_file}:"
+    with open(samples_file, "rb") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = parser.parse(line)
+            except ValueError:
+                try:  # lm-eval writes Python's json, whose NaN/Infinity tokens simdjson refuses
+                    rec = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err})") from err
+            _add_sample(samples, prefix + str(line_no), rec)
+            del rec  # the parser reuses its buffer only once no part of the last line is referenced
     if not samples:
         raise RunError(f"{samples_file}: no samples")
     return samples
 
 
+def _plain(value):
+    """A simdjson array or object as Python lists and dicts; anything else unchanged."""
+    kind = type(value)  # `type is`, not isinstance: this runs for every field of every sample
+    if kind is simdjson.Array:
+        return value.as_list()
+    if kind is simdjson.Object:
+        return value.as_dict()
+    return value
+
+
+def _add_sample(samples: dict[tuple[str, int], Sample], where: str, rec) -> None:
+    """Add one lm-eval sample record (a dict, or a lazily parsed simdjson object) to `samples`."""
+    try:
+        key = (str(rec.get("filter", "none")), int(rec["doc_id"]))
+        metrics, other = {}, {}
+        for name in rec.get("metrics", ()):
+            if name in rec:
+                value = rec[name]
+                if isinstance(value, (int, float)):  # bool is an int; numpy floats from memory are floats
+                    metrics[name] = float(value)
+                else:
+                    other[name] = _plain(value)
+        sample = Sample(key[1], key[0], rec.get("doc_hash"), rec.get("target_hash"), rec.get("prompt_hash"),
+                        _plain(rec.get("target")), prediction(_plain(rec["filtered_resps"]), where), metrics, where,
+                        other)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise RunError(f"{where}: not an lm-eval sample record ({err!r} missing or malformed; expected "
+                       "doc_id, filtered_resps)") from err
+    if key in samples:
+        raise RunError(f"{where}: doc_id {key[1]} appears twice for filter {key[0]!r}")
+    samples[key] = sample
+
+
 def samples_from_records(records) -> dict[tuple[str, int], Sample]:
-    """{(filter, doc_id): Sample} from `(where, record)` pairs: lines of a samples file, or the in-memory
-    `results["samples"][task]` of `lm_eval.simple_evaluate`."""
+    """{(filter, doc_id): Sample} from `(where, record)` pairs, e.g. the in-memory `results["samples"][task]`
+    of `lm_eval.simple_evaluate`."""
     samples: dict[tuple[str, int], Sample] = {}
     for where, rec in records:
-        try:
-            key = (str(rec.get("filter", "none")), int(rec["doc_id"]))
-            listed = {name: rec[name] for name in rec.get("metrics", []) if name in rec}
-            metrics = {name: float(v) for name, v in listed.items() if isinstance(v, (int, float, bool))}
-            sample = Sample(doc_id=key[1], filter=key[0], doc_hash=rec.get("doc_hash"),
-                            target_hash=rec.get("target_hash"), prompt_hash=rec.get("prompt_hash"),
-                            target=rec.get("target"), response=rec["filtered_resps"], metrics=metrics, where=where,
-                            other_metrics={k: v for k, v in listed.items() if k not in metrics})
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise RunError(f"{where}: not an lm-eval sample record ({err!r} missing or malformed; expected "
-                           "doc_id, filtered_resps)") from err
-        if key in samples:
-            raise RunError(f"{where}: doc_id {key[1]} appears twice for filter {key[0]!r}")
-        samples[key] = sample
+        _add_sample(samples, where, rec)
     return samples
 
 
-def check_log_likelihoods(sample: Sample) -> None:
-    """A multiple-choice response's log-likelihoods must be finite numbers (a NaN would silently pick a choice)."""
-    resp = sample.response
-    if isinstance(resp, (list, tuple)) and resp and all(isinstance(r, (list, tuple)) and len(r) == 2 for r in resp):
-        for r in resp:
-            try:
-                ok = math.isfinite(float(r[0]))
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                raise RunError(f"{sample.where or f'doc_id {sample.doc_id}'}: log-likelihood {r[0]!r} in filtered_resps "
-                               "is not a finite number")
-
-
-def checked_prediction(sample: Sample):
-    """`prediction(sample.response)`, refusing a non-finite log-likelihood (a NaN would silently pick a choice);
-    one pass over the response (this runs once per sample of a compared run)."""
-    resp = sample.response
-    if isinstance(resp, (list, tuple)) and resp and all(isinstance(r, (list, tuple)) and len(r) == 2 for r in resp):
-        try:
-            lls = [float(r[0]) for r in resp]
-        except (TypeError, ValueError):
-            lls = [math.nan]
-        if not all(map(math.isfinite, lls)):
-            check_log_likelihoods(sample)  # raises, naming the file, line and value
-        return lls.index(max(lls))
-    return prediction(resp)
-
-
-def prediction(response):
+def prediction(response, where: str = ""):
     """The model's answer in an lm-eval response (`filtered_resps`, or `results` in `process_results`): the
     index of the largest log-likelihood for multiple choice (a list of (loglikelihood, is_greedy) pairs;
     the first maximum, as lm-eval's `acc`), else the first generated string ("" for an empty response);
-    None when the response is neither."""
-    if isinstance(response, (list, tuple)) and response and \
-            all(isinstance(r, (list, tuple)) and len(r) == 2 for r in response):
-        lls = [float(r[0]) for r in response]
+    None when the response is neither. A non-finite log-likelihood is refused (a NaN would silently pick a
+    choice), naming `where` (file:line). This runs for every sample read: C-level checks, one pass."""
+    kind = type(response)
+    if (kind is list or kind is tuple) and response and set(map(type, response)) <= _SEQUENCES \
+            and set(map(len, response)) == {2}:
+        try:
+            lls = [float(ll) for ll, _ in response]
+        except (TypeError, ValueError):
+            lls = [math.nan]
+        if not math.isfinite(sum(lls)):  # finite iff every term is (log-likelihoods are far from overflowing)
+            bad = next(ll for ll, _ in response if not _finite(ll))
+            raise RunError(f"{where or 'a sample'}: log-likelihood {bad!r} in filtered_resps is not a finite number")
         return lls.index(max(lls))
     while isinstance(response, (list, tuple)):
         if not response:
             return ""  # no generation at all: the empty answer
         response = response[0]
     return response if isinstance(response, str) else None
+
+
+_SEQUENCES = {list, tuple}
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def read_run(path: str | Path) -> dict[str, TaskRun]:

@@ -124,7 +124,7 @@ class CompatTask(ConfigurableTask):
         ref = self._reference[filt][doc_hash(doc)]
         metric = next((m for m in CORRECTNESS if m in out and m in ref.metrics), None)
         if metric is not None:
-            pred, ref_pred = prediction(results), prediction(ref.response)
+            pred, ref_pred = prediction(results), ref.answer
             flips = flip_results(bool(out[metric]), pred, bool(ref.metrics[metric]), ref_pred)
             if self.OUTPUT_TYPE == "loglikelihood":
                 flips.pop("nfr_mc")
@@ -132,7 +132,7 @@ class CompatTask(ConfigurableTask):
         if self.similarity is not None:
             target = self.doc_to_target(doc)
             references = [str(t) for t in target] if isinstance(target, list) else [str(target)]
-            out.update(smooth_results(_text(results), _text(ref.response), references, self._score))
+            out.update(smooth_results(_text(results), _text(ref.answer), references, self._score))
         return out
 
 
