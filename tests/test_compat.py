@@ -235,6 +235,11 @@ def test_bad_input_messages(lm_runs, tmp_path):
     proc = run_cli("compare", lm_runs / "old", run)
     assert proc.returncode == 2 and f"{f}:3" in proc.stderr
 
+    lines[2] = lines[3]  # a whole record again, but with bytes that are not UTF-8 in it
+    f.write_bytes("\n".join(lines).encode().replace(b'"filter"', b'"\xff\xfefilter"', 1) + b"\n")
+    proc = run_cli("compare", lm_runs / "old", run)
+    assert proc.returncode == 2 and f"{f}:1: not valid JSON" in proc.stderr, proc.stderr[-2000:]
+
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = run_cli("compare", lm_runs / "old", empty)
