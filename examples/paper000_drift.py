@@ -35,7 +35,7 @@ from adaptguard.drift.data import corrupt_to_similarity, kept_fraction, reformat
 from adaptguard.experiments.embedded import resolve_model
 from adaptguard.experiments.openai_evals import load_set
 from adaptguard.experiments.progress import progress_bar, say
-from adaptguard.experiments.sweeps import format_spread, machine_info, report_footer, spread, write_report
+from adaptguard.experiments.sweeps import command_line, format_spread, machine_info, report_footer, spread, write_report
 from adaptguard.talr.config import TALRConfig
 from adaptguard.talr.trainer import TALRTrainer
 from adaptguard.trl_adapter import no_activation_checkpointing
@@ -119,8 +119,7 @@ def main(args: Args) -> dict:
                     say(f"  r={r:g} seed={seed}: loss {loss:.4f} (kept {kept_fraction(data):.2f}, {seconds:.0f} s)")
     per_r = [{"r": r, **spread([x["loss"] for x in runs if x["r"] == r])} for r in rs]
     worst = max(per_r, key=lambda x: x["mean"])
-    command = "python examples/paper000_drift.py" + (" --quick" if args.quick else "") + \
-        (f" --model {args.model}" if args.model != "embedded:smollm2" else "")
+    command = command_line("examples/paper000_drift.py", args)
     report = {"settings": {**vars(args), "command": command}, "base_loss": base_loss, "runs": runs, "per_r": per_r,
               "worst_r": worst["r"], "machine": machine_info(), "seconds": time.perf_counter() - start}
     out.mkdir(parents=True, exist_ok=True)

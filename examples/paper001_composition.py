@@ -29,7 +29,7 @@ from adaptguard.compat.callback import evaluate_with_lm_eval
 from adaptguard.compat.metrics import flip_metrics
 from adaptguard.experiments.embedded import resolve_model
 from adaptguard.experiments.progress import say
-from adaptguard.experiments.sweeps import machine_info, report_footer, write_report
+from adaptguard.experiments.sweeps import command_line, machine_info, report_footer, write_report
 from adaptguard.utils.figures import new_figure, save_figure
 
 SETTINGS = ("simple1", "simple2", "composite", "composite_icl")
@@ -92,8 +92,7 @@ def main(args: Args) -> dict:
                      "icl_minus_composite": em["composite_icl"] - em["composite"],
                      "mcnemar_p": paired["mcnemar_p"], "n": paired["n"]})
         say(f"  {p}: " + ", ".join(f"{s} {em[s]:.2f}" for s in SETTINGS))
-    command = "python examples/paper001_composition.py" + (" --quick" if args.quick else "") + \
-        (f" --model {args.model}" if args.model != "embedded:smollm2" else "")
+    command = command_line("examples/paper001_composition.py", args)
     report = {"settings": {**vars(args), "command": command}, "pairs": rows, "machine": machine_info(),
               "seconds": time.perf_counter() - start}
     out.mkdir(parents=True, exist_ok=True)

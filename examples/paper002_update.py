@@ -36,7 +36,7 @@ from adaptguard.experiments.embedded import cache_root, resolve_model
 from adaptguard.experiments.muscle_update import UpdateConfig, run_update
 from adaptguard.experiments.openai_evals import as_prompt_completion, load_set
 from adaptguard.experiments.progress import say
-from adaptguard.experiments.sweeps import machine_info, report_footer, write_report
+from adaptguard.experiments.sweeps import command_line, machine_info, report_footer, write_report
 from adaptguard.utils.files import replace_dir
 
 # v2: v1 trained on (full fine-tuning, language modelling) on LogiQA passages. Set once, before any update run.
@@ -118,9 +118,7 @@ def main(args: Args) -> dict:
                            use_cpu=not torch.cuda.is_available())
         say(f"update with mask {mask} ...")
         results[mask] = run_update(cfg)
-    command = "python examples/paper002_update.py" + (" --quick" if args.quick else "") + \
-        (f" --old_model {args.old_model}" if args.old_model != "embedded:smollm2" else "") + \
-        (f" --new_model {args.new_model}" if args.new_model else "")
+    command = command_line("examples/paper002_update.py", args)
     report = {"settings": {**vars(args), "v1": v1, "v2": v2, "v2_recipe": V2_RECIPE if args.new_model is None else None,
                            "command": command},
               "masks": {m: {k: v for k, v in r.items() if k != "config"} for m, r in results.items()},

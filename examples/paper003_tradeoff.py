@@ -38,7 +38,7 @@ from adaptguard.experiments.demo import METHODS, Method, tradeoff_plot, train_me
 from adaptguard.experiments.embedded import resolve_model
 from adaptguard.experiments.openai_evals import as_letter_choices, as_prompt_completion, load_set
 from adaptguard.experiments.progress import progress_bar, say
-from adaptguard.experiments.sweeps import machine_info, report_footer, spread, write_report
+from adaptguard.experiments.sweeps import command_line, machine_info, report_footer, spread, write_report
 
 ALL_METHODS = {**METHODS, "DFT": Method("DFT", {"weighting": "dft"})}
 ALL_METHODS.pop("FLOW")  # not among the baselines; `adaptguard demo` runs it on the toy
@@ -138,8 +138,7 @@ def main(args: Args) -> dict:
                 say(f"  {name:8s} lr={lr:<7g} domain={run['domain']:.3f} general={run['general']:.3f} "
                     f"general NFR={run['general_nfr']:.3f} ({seconds:.0f} s training)")
                 del model
-    command = "python examples/paper003_tradeoff.py" + (" --quick" if args.quick else "") + \
-        (f" --model {args.model}" if args.model != "embedded:smollm2" else "")
+    command = command_line("examples/paper003_tradeoff.py", args)
     report = {"settings": {**vars(args), "general_task_names": general, "domain_task": domain_task,
                            "train_questions": len(train), "command": command},
               "base": base, "runs": runs, "token_analysis": token_analysis, "machine": machine_info(),

@@ -5,9 +5,10 @@ in fp32, after torch's int8 dynamic quantization of its decoder's linear layers 
 multiple-choice tasks through lm-eval (zero-shot, log-likelihood of each choice), and compares each variant
 against fp32 with adaptguard's flip metrics (paper 002 §3: NFR, PFR, BTC, McNemar p, a 95% bootstrap CI of NFR).
 
-    python examples/quantization_flips.py                      # embedded:smollm2, 6 tasks x 200 items, int8 + bf16
+    python examples/quantization_flips.py                      # embedded:smollm2, 6 tasks x 100 items, int8
     python examples/quantization_flips.py --quick              # 3 tasks x 40 items, int8 (11 min on 2 busy cores)
-    python examples/quantization_flips.py --model Qwen/Qwen2.5-0.5B-Instruct --variants bf16   # on a GPU
+    python examples/quantization_flips.py --variants int8,bf16 # bf16 too (about 4x slower than fp32 on most CPUs)
+    python examples/quantization_flips.py --model Qwen/Qwen2.5-0.5B-Instruct --variants bf16 --limit 1000   # on a GPU
 
 Writes OUT/report.json, OUT/report.md and OUT/flips.png (one quadrant panel per task and variant).
 Data: BIG-bench (Apache-2.0), read from the PyPI sdist bigbench==1.0.0 (downloaded once, sha256-checked).
@@ -27,20 +28,25 @@ from adaptguard.compat.compare import compare_task
 from adaptguard.compat.report import plot_quadrants
 from adaptguard.experiments.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
 from adaptguard.experiments.embedded import resolve_model
-from adaptguard.experiments.sweeps import machine_info, machine_line, write_report
+from adaptguard.experiments.sweeps import command_line, machine_info, machine_line, write_report
 
 
 @dataclass
 class Args:
     model: str = field(default="embedded:smollm2", metadata={"help": "Hub id, local path or embedded:<name>."})
     tasks: str = field(default=",".join(DEFAULT_TASKS), metadata={"help": "BIG-bench multiple-choice tasks."})
-    limit: int = field(default=200, metadata={"help": "Items per task (the first ones, file order)."})
-    variants: str = field(default="int8,bf16", metadata={"help": "Compared with fp32: int8 (torch dynamic int8 "
-                                                               "quantization of nn.Linear, CPU only), bf16."})
+    # the defaults fit the 60-min budget on 2 CPU cores, where fp32 and int8 take 1-3 s per item and bf16 ~10 s
+    limit: int = field(default=100, metadata={"help": "Items per task (the first ones, file order)."})
+    variants: str = field(default="int8", metadata={"help": "Compared with fp32, comma-separated: int8 (torch "
+                                                          "dynamic int8 quantization of nn.Linear, CPU only), bf16, "
+                                                          "fp32 (a rerun: checks that nothing flips)."})
     batch_size: int = field(default=16, metadata={"help": "lm-eval batch size."})
     out: str = field(default="quantization-flips-out", metadata={"help": "Output directory."})
     quick: bool = field(default=False, metadata={"help": "3 tasks x 40 items, int8 only (bf16 matmuls are slow on "
                                                          "most CPUs): a smoke run."})
+
+
+VARIANTS = ("int8", "bf16", "fp32")  # fp32: a second fp32 run, which must flip nothing (lm-eval scores are deterministic)
 
 
 def load_variant(path: str, variant: str):
@@ -49,35 +55,36 @@ def load_variant(path: str, variant: str):
         # the decoder's linear layers: weights int8 per tensor, activations quantized on the fly. The LM head stays
         # fp32, as usual (it is tied to the embeddings here, and lm-eval re-ties the weights)
         torch.ao.quantization.quantize_dynamic(model.base_model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-    elif variant not in ("fp32", "bf16"):
-        raise ValueError(f"--variants: unknown variant {variant!r}; use int8, bf16")
+    elif variant not in VARIANTS:
+        raise ValueError(f"--variants: unknown variant {variant!r}; use {', '.join(VARIANTS)}")
     return model.eval()
 
 
 def main(args: Args) -> dict:
+    variants = ["int8"] if args.quick else args.variants.split(",")
+    for variant in variants:  # fail before any output or the long reference run
+        if variant not in VARIANTS:
+            raise ValueError(f"--variants: unknown variant {variant!r}; use {', '.join(VARIANTS)}")
     names = args.tasks.split(",")[:3] if args.quick else args.tasks.split(",")
     limit = 40 if args.quick else args.limit
     out = Path(args.out)
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tasks = write_lm_eval_tasks(load_tasks(names), out / "tasks", limit=limit)
-    runs, seconds = {}, {}
-    variants = ["int8"] if args.quick else args.variants.split(",")
-    for variant in ["fp32", *variants]:
+    runs, seconds = [], {}
+    for i, variant in enumerate(["fp32", *variants]):  # runs[0] is the reference; a listed fp32 is a second run
         start = time.perf_counter()
         output = evaluate_with_lm_eval(load_variant(path, variant), tokenizer, tasks, batch_size=args.batch_size,
                                        include_path=[out / "tasks"])
-        runs[variant], seconds[variant] = task_runs_from_output(output), time.perf_counter() - start
+        runs.append(task_runs_from_output(output))
+        seconds[variant if i else "fp32 (reference)"] = time.perf_counter() - start
         print(f"{variant}: " + ", ".join(f"{t} {output['results'][t]['acc,none']:.3f}" for t in tasks), flush=True)
     report = {"model": args.model, "limit": limit, "tasks": {}, "seconds": seconds, "machine": machine_info(),
-              "command": "python examples/quantization_flips.py" + (" --quick" if args.quick else "")
-              + (f" --model {args.model}" if args.model != "embedded:smollm2" else "")}
+              "command": command_line("examples/quantization_flips.py", args)}
     quadrants = {"old": "fp32", "new": "variant", "tasks": {}}
-    for variant in runs:
-        if variant == "fp32":
-            continue
+    for variant, variant_runs in zip(variants, runs[1:]):
         for task in tasks:
-            (entry,) = compare_task(runs["fp32"][task], runs[variant][task]).values()
+            (entry,) = compare_task(runs[0][task], variant_runs[task]).values()
             quadrants["tasks"][f"{task}: fp32 → {variant}"] = entry
             report["tasks"][f"{task} {variant}"] = {k: v for k, v in entry.items() if not k.startswith("_")}
     out.mkdir(parents=True, exist_ok=True)
@@ -96,8 +103,9 @@ def markdown(report: dict) -> str:
     for key, e in report["tasks"].items():
         task, variant = key.rsplit(" ", 1)
         lo, hi = e["nfr_ci"]
+        btc = "–" if e["btc"] is None else f"{e['btc']:.3f}"  # undefined where fp32 got nothing right
         lines.append(f"| {task} | {variant} | {e['n']} | {e['old_acc']:.3f} | {e['new_acc']:.3f} | "
-                     f"{e['nfr']:.3f} ({lo:.3f}–{hi:.3f}) | {e['pfr']:.3f} | {e['btc']:.3f} | {e['mcnemar_p']:.3g} |")
+                     f"{e['nfr']:.3f} ({lo:.3f}–{hi:.3f}) | {e['pfr']:.3f} | {btc} | {e['mcnemar_p']:.3g} |")
     lines += ["", "![flips](flips.png)", "",
               f"Reproduce: `{report['command']}`. Time per variant: "
               + ", ".join(f"{v} {s:.0f} s" for v, s in report["seconds"].items()) + ". " + machine_line(report["machine"]),

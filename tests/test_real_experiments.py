@@ -1,6 +1,7 @@
 """The real-model experiments (issue 14): the evals-wheel reader, and each example script's code path run end to end
 on the embedded tiny models with small stand-in data (the real runs are in docs/results.md, not CI tests)."""
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -128,6 +129,31 @@ def test_paper003_tradeoff_code_path(tmp_path, monkeypatch, embedded_path):
         assert (tmp_path / "out" / name).stat().st_size > 0
     with pytest.raises(ValueError, match="--methods: unknown"):
         example.main(example.Args(model=str(embedded_path), methods="SFT,RLHF", out=str(tmp_path / "o2")))
+
+
+def test_quantization_flips_code_path(tmp_path, monkeypatch, embedded_path):
+    """fp32 against itself flips nothing (lm-eval's scores are deterministic), int8 dynamic quantization runs on the
+    tiny model and is compared item by item, and the report names the command that reruns it."""
+    example = load_example("quantization_flips")
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path / "cache"))
+    stand_in_data(tmp_path / "cache")
+    args = example.Args(model=str(embedded_path), tasks="general_knowledge,sports_understanding", limit=4,
+                        variants="fp32,int8", batch_size=2, out=str(tmp_path / "out"))
+    report = example.main(args)
+    assert sorted(report["tasks"]) == ["bb_general_knowledge fp32", "bb_general_knowledge int8",
+                                       "bb_sports_understanding fp32", "bb_sports_understanding int8"]
+    for task, n in (("bb_general_knowledge", 2), ("bb_sports_understanding", 1)):  # TOY has 2 multiple-choice items, QA 1
+        same = report["tasks"][f"{task} fp32"]
+        assert (same["n"], same["nfr"], same["pfr"], same["btc"] if same["old_acc"] else 1.0) == (n, 0.0, 0.0, 1.0)
+        assert same["new_acc"] == same["old_acc"]
+        assert report["tasks"][f"{task} int8"]["n"] == n
+    assert report["command"] == f"python examples/quantization_flips.py --model {embedded_path} --tasks " \
+        f"general_knowledge,sports_understanding --limit 4 --variants fp32,int8 --batch_size 2 --out {tmp_path / 'out'}"
+    for name in ("report.json", "report.md", "flips.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    with pytest.raises(ValueError, match="--variants: unknown variant 'int4'; use int8, bf16, fp32"):
+        example.main(dataclasses.replace(args, variants="int8,int4", out=str(tmp_path / "bad")))
+    assert not (tmp_path / "bad").exists()  # refused before any evaluation or output
 
 
 def test_paper000_drift_code_path_and_base_loss(tmp_path, monkeypatch, embedded_path):

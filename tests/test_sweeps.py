@@ -43,3 +43,27 @@ def test_cli_bad_seeds_exit_2_and_write_nothing(tmp_path, command):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--seeds: expected a positive integer, got 0" in proc.stderr
     assert "writing" not in proc.stdout and not out.exists()
+
+
+def test_command_line_parses_back_to_the_same_arguments():
+    """The command a report prints reruns the experiment as it ran: HfArgumentParser reads it back unchanged."""
+    import shlex
+    from dataclasses import dataclass, field
+
+    from transformers import HfArgumentParser
+
+    from adaptguard.experiments.sweeps import command_line
+
+    @dataclass
+    class Args:
+        model: str = field(default="embedded:smollm2")
+        limit: int = field(default=100)
+        variants: str = field(default="int8")
+        quick: bool = field(default=False)
+
+    args = Args(model="my org/model", limit=7, quick=True)  # a space, to check the quoting
+    command = command_line("examples/x.py", args)
+    assert command == "python examples/x.py --model 'my org/model' --limit 7 --quick"
+    (parsed,) = HfArgumentParser(Args).parse_args_into_dataclasses(shlex.split(command)[2:])
+    assert parsed == args
+    assert command_line("examples/x.py", Args()) == "python examples/x.py"

@@ -55,6 +55,21 @@ def seed_list(n: int) -> list[int]:
     return list(range(n))
 
 
+def command_line(script: str, args) -> str:
+    """The shell command that reruns `script` with `args` (an HfArgumentParser dataclass): the fields that differ
+    from their defaults, as flags, e.g. `python examples/x.py --quick --limit 50`."""
+    import dataclasses
+    import shlex
+
+    flags = []
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if f.default is dataclasses.MISSING or value == f.default:
+            continue
+        flags += [f"--{f.name}"] if value is True else [f"--{f.name}", str(value)]
+    return shlex.join(["python", script, *flags])
+
+
 def write_report(out, report: dict, markdown: str) -> None:
     """An experiment's `report.json` and `report.md` in `out`, each written whole or not at all; the Markdown is
     also printed."""
