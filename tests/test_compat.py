@@ -1,4 +1,5 @@
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -260,6 +261,7 @@ def test_bad_input_messages(lm_runs, tmp_path):
 
 @pytest.mark.parametrize("task, edit, message", [
     ("t_piqa", lambda rec: rec["filtered_resps"][0].__setitem__(0, "NaN"), "log-likelihood 'NaN' in filtered_resps"),
+    ("t_piqa", lambda rec: rec["filtered_resps"][1].__setitem__(0, -math.inf), "log-likelihood -inf in filtered_resps"),
     ("t_piqa", lambda rec: rec.__setitem__("acc", float("nan")), "metric 'acc' is nan, not a finite number"),
     ("t_piqa", lambda rec: rec.__setitem__("acc", "yes"), "metric 'acc' is 'yes', not a number"),
 ])
@@ -277,6 +279,47 @@ def test_compare_refuses_non_finite_scores(lm_runs, tmp_path, task, edit, messag
     proc = run_cli("compare", lm_runs / "old", run, "--json", tmp_path / "x.json")
     assert proc.returncode == 2 and f"{f}:5: {message}" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_fast_reader_equals_the_general_path(tmp_path, monkeypatch):
+    """`read_task_run` builds most lines through a typed per-file decoder; every kind of line must give the same
+    Sample as the general path (`samples_from_records` on the fully parsed record): multiple choice with logged
+    strings and with numbers, a generation, an empty response, a line with other metrics or a metric missing,
+    a non-numeric metric, a bool, and the NaN token of Python's json (which the typed decoder refuses)."""
+    from adaptguard.compat import runs
+    from adaptguard.compat.runs import read_task_run, samples_from_records
+
+    typed_lines = []
+    typed = runs._add_typed_sample
+    monkeypatch.setattr(runs, "_add_typed_sample", lambda samples, where, *a: (typed_lines.append(where),
+                                                                                typed(samples, where, *a)))
+
+    def rec(i, resps, **metrics):
+        return {"doc_id": i, "doc": {"q": f"question {i}"}, "arguments": {"gen_args_0": {"arg_0": "Q", "arg_1": " a"}},
+                "filtered_resps": resps, "filter": "none", "metrics": list(metrics or {"acc": 0}), "doc_hash": f"h{i}",
+                "prompt_hash": "p", "target_hash": "t", "target": i % 3, **metrics}
+
+    records = [rec(0, [["-2.5", "False"], ["-1.25", "False"], ["-1.25", "True"]], acc=1.0),
+               rec(1, [[-3, False], [-4.5, True]], acc=0),
+               rec(2, ["a generated answer"], acc=1),
+               rec(3, [], acc=0.0),
+               rec(4, [["-1", "False"]], acc=True),
+               rec(5, [["-1", "False"], ["-2", "False"]], acc=1.0, exact_match=0.0),  # other metrics listed
+               {**rec(6, [["-7", "False"], ["-3", "False"]], acc=1.0), "acc": [1.0, 0.0]},  # not a number
+               {k: v for k, v in rec(7, [["-7", "False"], ["-3", "False"]], acc=1.0).items() if k != "acc"},
+               rec(8, [[-1.5, "False"], [-0.5, "False"]], acc=float("nan"))]  # NaN token: json.loads only
+    f = tmp_path / "samples_t_2026-11-24T00-00-00.000000.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in records))
+    fast = read_task_run("t", f).samples
+    general = samples_from_records((f"{f}:{i + 1}", json.loads(line)) for i, line in
+                                   enumerate(f.read_text().splitlines()))
+    assert list(fast) == list(general) and len(fast) == 9
+    # the first line teaches the decoder the metric names; lines 6 (other metrics) and 9 (NaN) take the general path
+    assert [int(w.rsplit(":", 1)[1]) for w in typed_lines] == [2, 3, 4, 5, 7, 8]
+    for key in general:
+        a, b = fast[key], general[key]
+        assert repr(a) == repr(b), key  # NaN != NaN: compare the printed fields
+    assert [fast[("none", i)].answer for i in range(4)] == [1, 0, "a generated answer", ""]
 
 
 def test_loglikelihood_task_has_no_inconsistency_flips():

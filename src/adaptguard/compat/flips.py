@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-import orjson
+import msgspec
 
 from .runs import RunError, Sample
 
@@ -28,9 +28,12 @@ def _read_lines(wheres: set[str]) -> dict[str, dict]:
             for line_no, line in enumerate(f, 1):
                 if line_no in lines:
                     try:
-                        out[f"{path}:{line_no}"] = orjson.loads(line)
-                    except orjson.JSONDecodeError:  # Python's json NaN tokens
-                        out[f"{path}:{line_no}"] = json.loads(line)
+                        out[f"{path}:{line_no}"] = msgspec.json.decode(line)
+                    except ValueError:  # Python's json NaN tokens; or text that is not UTF-8 in the fields that
+                        try:            # `compare` skipped when it read the line
+                            out[f"{path}:{line_no}"] = json.loads(line)
+                        except ValueError as err:
+                            raise RunError(f"{path}:{line_no}: not valid JSON ({err})") from err
     return out
 
 

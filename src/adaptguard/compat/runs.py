@@ -10,8 +10,9 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import simdjson
+import msgspec
 
 SAMPLES_RE = re.compile(r"^samples_(?P<task>.+)_(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}\.\d+)\.jsonl$")
 
@@ -99,41 +100,89 @@ def read_task_run(task: str, samples_file: Path) -> TaskRun:
 
 
 def _read_samples(samples_file: Path) -> dict[tuple[str, int], Sample]:
-    # simdjson parses lazily: only the fields read below become Python objects; the documents, prompts and raw
-    # responses that make up most of a line are never built (2-3x faster than a full parse on 100k-sample logs)
-    parser = simdjson.Parser()
     samples: dict[tuple[str, int], Sample] = {}
     prefix = f"{samples_file}:"
+    decoder, names = None, None
     with open(samples_file, "rb") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                rec = parser.parse(line)
-            except ValueError:
-                try:  # lm-eval writes Python's json, whose NaN/Infinity tokens simdjson refuses
-                    rec = json.loads(line)
-                except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8
-                    raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err})") from err
-            _add_sample(samples, prefix + str(line_no), rec)
-            del rec  # the parser reuses its buffer only once no part of the last line is referenced
+            where = prefix + str(line_no)
+            if decoder is not None:
+                try:
+                    rec = decoder.decode(line)
+                except ValueError:  # malformed or unusual (msgspec's errors, invalid UTF-8): the general path names it
+                    rec = None
+                if rec is not None and rec.metrics == names:
+                    _add_typed_sample(samples, where, rec, names)
+                    continue
+            rec = _load_line(line, samples_file, line_no)
+            _add_sample(samples, where, rec)
+            if decoder is None and isinstance(rec.get("metrics"), list) and all(isinstance(m, str) for m in rec["metrics"]):
+                decoder, names = _record_decoder(rec["metrics"]), rec["metrics"]
     if not samples:
         raise RunError(f"{samples_file}: no samples")
     return samples
 
 
-def _plain(value):
-    """A simdjson array or object as Python lists and dicts; anything else unchanged."""
-    kind = type(value)  # `type is`, not isinstance: this runs for every field of every sample
-    if kind is simdjson.Array:
-        return value.as_list()
-    if kind is simdjson.Object:
-        return value.as_dict()
-    return value
+def _load_line(line: bytes, samples_file: Path, line_no: int) -> dict:
+    try:
+        rec = msgspec.json.decode(line)
+    except ValueError:
+        try:  # lm-eval writes Python's json, whose NaN/Infinity tokens are not JSON
+            rec = json.loads(line)
+        except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8
+            raise RunError(f"{samples_file}:{line_no}: not valid JSON ({err})") from err
+    if not isinstance(rec, dict):
+        raise RunError(f"{samples_file}:{line_no}: not an lm-eval sample record (a JSON {type(rec).__name__}, "
+                       "expected an object)")
+    return rec
 
 
-def _add_sample(samples: dict[tuple[str, int], Sample], where: str, rec) -> None:
-    """Add one lm-eval sample record (a dict, or a lazily parsed simdjson object) to `samples`."""
+def _record_decoder(metric_names: list[str]) -> msgspec.json.Decoder:
+    """A decoder of one file's sample lines that builds only the fields `compare` reads (the document, prompts and
+    raw responses, most of a line, are skipped without becoming Python objects: 2-3x faster than a full parse).
+    Metric values are top-level keys named by `metrics`, so the record type is made per file."""
+    fields = [("doc_id", int), ("filtered_resps", msgspec.Raw), ("filter", str, "none"),
+              ("doc_hash", str | None, None), ("target_hash", str | None, None), ("prompt_hash", str | None, None),
+              ("target", Any, None), ("metrics", list[str], [])]
+    fields += [(f"metric_{i}", Any, msgspec.UNSET) for i in range(len(metric_names))]
+    record = msgspec.defstruct("SampleRecord", fields, rename={f"metric_{i}": name for i, name in
+                                                               enumerate(metric_names)})
+    return msgspec.json.Decoder(record)
+
+
+# a multiple-choice response, [[loglikelihood, is_greedy], ...]; lm-eval logs the numbers as strings
+_CHOICE_LOGLIKELIHOODS = msgspec.json.Decoder(list[tuple[float, Any]], strict=False)
+
+
+def _add_typed_sample(samples: dict[tuple[str, int], Sample], where: str, rec, names: list[str]) -> None:
+    """`_add_sample` for a record of `_record_decoder`'s type (same result, without building a dict)."""
+    metrics, other = {}, {}
+    for i, name in enumerate(names):
+        value = getattr(rec, f"metric_{i}")
+        if type(value) is float or type(value) is int or type(value) is bool:
+            metrics[name] = float(value)
+        elif value is not msgspec.UNSET:
+            other[name] = value
+    answer = None
+    try:
+        lls = [ll for ll, _ in _CHOICE_LOGLIKELIHOODS.decode(rec.filtered_resps)]
+        if lls and math.isfinite(sum(lls)):
+            answer = lls.index(max(lls))
+    except msgspec.ValidationError:  # a generation, or something `prediction` will name
+        pass
+    if answer is None:
+        answer = prediction(msgspec.json.decode(rec.filtered_resps), where)
+    key = (rec.filter, rec.doc_id)
+    if key in samples:
+        raise RunError(f"{where}: doc_id {key[1]} appears twice for filter {key[0]!r}")
+    samples[key] = Sample(rec.doc_id, rec.filter, rec.doc_hash, rec.target_hash, rec.prompt_hash, rec.target,
+                          answer, metrics, where, other)
+
+
+def _add_sample(samples: dict[tuple[str, int], Sample], where: str, rec: dict) -> None:
+    """Add one lm-eval sample record to `samples`."""
     try:
         key = (str(rec.get("filter", "none")), int(rec["doc_id"]))
         metrics, other = {}, {}
@@ -143,10 +192,9 @@ def _add_sample(samples: dict[tuple[str, int], Sample], where: str, rec) -> None
                 if isinstance(value, (int, float)):  # bool is an int; numpy floats from memory are floats
                     metrics[name] = float(value)
                 else:
-                    other[name] = _plain(value)
+                    other[name] = value
         sample = Sample(key[1], key[0], rec.get("doc_hash"), rec.get("target_hash"), rec.get("prompt_hash"),
-                        _plain(rec.get("target")), prediction(_plain(rec["filtered_resps"]), where), metrics, where,
-                        other)
+                        rec.get("target"), prediction(rec["filtered_resps"], where), metrics, where, other)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise RunError(f"{where}: not an lm-eval sample record ({err!r} missing or malformed; expected "
                        "doc_id, filtered_resps)") from err
