@@ -51,16 +51,16 @@ def _compare(ns: argparse.Namespace) -> int:
         from .compat.gate import check_gate
 
         report["gate"] = check_gate(report, ns.fail_on, ns.significance)
-    if ns.show_flips:
+    flips = {}
+    if ns.show_flips or ns.flips_out:  # one pass over the sample files serves both
         from .compat.flips import flipped_documents
 
-        report["negative_flips"] = {task: flipped_documents(e, negative_only=True, limit=ns.show_flips)
-                                    for task, e in report["tasks"].items()}
-    all_flips = None
-    if ns.flips_out:
-        from .compat.flips import flipped_documents
-
-        all_flips = [{"task": task, **flip} for task, e in report["tasks"].items() for flip in flipped_documents(e)]
+        flips = {task: flipped_documents(e, negative_only=not ns.flips_out, limit=None if ns.flips_out else ns.show_flips)
+                 for task, e in report["tasks"].items()}
+    if ns.show_flips:  # negative flips come first in each task's list
+        report["negative_flips"] = {task: [f for f in found if f["kind"] == "negative"][: ns.show_flips]
+                                    for task, found in flips.items()}
+    all_flips = [{"task": task, **flip} for task, found in flips.items() for flip in found] if ns.flips_out else None
     print(to_text(report))
     write_outputs(report, ns.json, ns.markdown, ns.plot, flips_path=ns.flips_out, flips=all_flips)
     for label, path in (("json", ns.json), ("markdown", ns.markdown), ("plot", ns.plot), ("flips", ns.flips_out)):
