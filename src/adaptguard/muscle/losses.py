@@ -54,14 +54,11 @@ def muscle_mask_inputs(student_logits, old_logits, new_logits, labels, chunk_siz
         idx = rows[start:start + step]
         y = flat_labels[idx]
         for name, logits in (("student", student_logits), ("old", old_logits), ("new", new_logits)):
-            if isinstance(logits, TopKLogProbs):  # top-k teacher: argmax = first entry, tail log-prob elsewhere
+            if isinstance(logits, TopKLogProbs):
                 k = logits.logp.shape[-1]
-                lp, ix = logits.logp.reshape(-1, k)[idx].float(), logits.idx.reshape(-1, k)[idx].long()
-                vocab = student_logits.shape[-1]
-                tail = logits.rest.reshape(-1)[idx].float() - (math.log(vocab - k) if vocab > k else 0.0)
-                hit = ix == y[:, None]
-                out[f"{name}_top1"][idx] = ix[:, 0]
-                out[f"{name}_label_logp"][idx] = torch.where(hit.any(1), (lp * hit).sum(1), tail)
+                out[f"{name}_top1"][idx], out[f"{name}_label_logp"][idx] = topk_label_stats(
+                    logits.logp.reshape(-1, k)[idx], logits.idx.reshape(-1, k)[idx], logits.rest.reshape(-1)[idx], y,
+                    student_logits.shape[-1])
                 continue
             z = logits.reshape(-1, logits.shape[-1])[idx].float()
             out[f"{name}_top1"][idx] = z.argmax(-1)
@@ -114,7 +111,17 @@ class TopKLogProbs(NamedTuple):
     rest: torch.Tensor
 
 
-def _sparse_log_probs(logp, rest, temperature: float, vocab: int):
+def topk_label_stats(logp, idx, rest, labels, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(argmax (n,), log-probability of the label (n,)) of a top-k teacher (n, k) rows: the argmax is the first
+    entry; a label outside the top k gets the tail's per-token log-probability."""
+    k = logp.shape[-1]
+    lp, ix = logp.float(), idx.long()
+    tail = rest.float() - (math.log(vocab - k) if vocab > k else 0.0)
+    hit = ix == labels[:, None]
+    return ix[:, 0], torch.where(hit.any(1), (lp * hit).sum(1), tail)
+
+
+def sparse_log_probs(logp, rest, temperature: float, vocab: int):
     """(log p_j (n, k), log p_tail (n,)) of a top-k teacher at temperature T; p_tail per tail token."""
     tail = vocab - logp.shape[-1]
     a = logp.float() / temperature
@@ -127,16 +134,15 @@ def _sparse_log_probs(logp, rest, temperature: float, vocab: int):
     return a - log_z[:, None], a_tail - log_z
 
 
-def _sparse_kl(log_q, logp, idx, rest, temperature: float):
-    """KL(p_teacher,T ‖ q) per row for a top-k teacher, from the student's log q (n, V), without densifying."""
-    vocab = log_q.shape[-1]
-    log_pj, log_pt = _sparse_log_probs(logp, rest, temperature, vocab)
+def sparse_kl(lq_top, lq_sum, logp, rest, temperature: float, vocab: int):
+    """KL(p_teacher,T ‖ q) per row for a top-k teacher, without densifying: from the student's log q at the
+    teacher's top-k indices (n, k) and summed over the vocabulary (n,)."""
+    log_pj, log_pt = sparse_log_probs(logp, rest, temperature, vocab)
     pj, pt = log_pj.exp(), log_pt.exp()
-    lq_top = log_q.gather(1, idx.long())
     tail = vocab - logp.shape[-1]
     has_tail = torch.isfinite(log_pt) & (tail > 0)
     p_log_p = (pj * log_pj).sum(1) + torch.where(has_tail, tail * pt * log_pt, torch.zeros_like(pt))
-    p_log_q = (pj * lq_top).sum(1) + torch.where(has_tail, pt * (log_q.sum(1) - lq_top.sum(1)), torch.zeros_like(pt))
+    p_log_q = (pj * lq_top).sum(1) + torch.where(has_tail, pt * (lq_sum - lq_top.sum(1)), torch.zeros_like(pt))
     return p_log_p - p_log_q
 
 
@@ -159,8 +165,9 @@ class _ChunkedMuscleKL(torch.autograd.Function):
                 log_p_old = torch.log_softmax(old[rows].float() / temperature, -1)
                 total += mc * (log_p_old.exp() * (log_p_old - log_q)).sum(-1)
             else:
-                total += mc * _sparse_kl(log_q, old_topk.logp[rows], old_topk.idx[rows], old_topk.rest[rows],
-                                         temperature)
+                top_idx = old_topk.idx[rows].long()
+                total += mc * sparse_kl(log_q.gather(1, top_idx), log_q.sum(1), old_topk.logp[rows],
+                                        old_topk.rest[rows], temperature, log_q.shape[-1])
             out[start:start + len(rows)] = total
         ctx.save_for_backward(student, new, m, idx, *([old] if old_topk is None else old_topk))
         ctx.sparse, ctx.temperature, ctx.chunk = old_topk is not None, temperature, chunk
@@ -180,7 +187,7 @@ class _ChunkedMuscleKL(torch.autograd.Function):
                 p_mix += mc * torch.softmax(old[0][rows].float() / temperature, -1)
             else:
                 logp, top_idx, rest = (t[rows] for t in old)
-                log_pj, log_pt = _sparse_log_probs(logp, rest, temperature, q.shape[-1])
+                log_pj, log_pt = sparse_log_probs(logp, rest, temperature, q.shape[-1])
                 pt = torch.nan_to_num(log_pt.exp())[:, None]
                 p_mix += mc * pt
                 p_mix.scatter_add_(1, top_idx.long(), mc * (log_pj.exp() - pt))

@@ -1,0 +1,172 @@
+"""The tiled MUSCLE loss (from hidden states and LM heads, never (B, T, V) logits) against the reference
+`muscle_token_loss` on the heads' full logits: values, masks and gradients, for every built-in mask, uneven tiles,
+soft-capping, biases, LoRA on the head, tied embeddings and a top-k cached old teacher; fp32 and bf16."""
+
+import pytest
+import torch
+from test_muscle_loss import MASKS, _topk_teacher
+
+from adaptguard.muscle.losses import muscle_token_loss, muscle_token_loss_chunked
+from adaptguard.muscle.masks import student_wrong
+from adaptguard.muscle.tiled import LMHead, muscle_token_loss_tiled
+from adaptguard.plugins import get_muscle_mask
+
+B, T, H, V = 3, 5, 8, 13
+
+
+def logits_of(h, head: LMHead):
+    z = h @ head.weight.T + (0 if head.bias is None else head.bias)
+    z = z.float()
+    return head.softcap * torch.tanh(z / head.softcap) if head.softcap else z
+
+
+def setup(seed=0, dtype=torch.float32, bias=False, softcap=None):
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    labels = torch.randint(0, V, (B, T), generator=g)
+    labels[1, 3:] = -100
+    labels[2, 0] = -100
+    heads = [LMHead(rand(V, H), rand(V) if bias else None, softcap) for _ in range(3)]
+    hiddens = [rand(B, T, H) * 2 for _ in range(3)]
+    return labels, hiddens, heads
+
+
+def leaf(t):
+    return None if t is None else t.detach().clone().requires_grad_(True)
+
+
+def run_both(labels, hiddens, heads, mask, token_chunk, vocab_chunk, temperature=2.0):
+    """(tiled outputs, reference loss, reference m, reference ce, the student leaves of each)."""
+    (hs, hn, ho), (s_head, n_head, o_head) = hiddens, heads
+    tiled_leaves = [leaf(hs), leaf(s_head.weight), leaf(s_head.bias)]
+    ref_leaves = [leaf(hs), leaf(s_head.weight), leaf(s_head.bias)]
+    out = muscle_token_loss_tiled(tiled_leaves[0], LMHead(tiled_leaves[1], tiled_leaves[2], s_head.softcap), hn, n_head,
+                                  (ho, o_head), labels, mask=get_muscle_mask(mask), temperature=temperature,
+                                  token_chunk=token_chunk, vocab_chunk=vocab_chunk)
+    zs = logits_of(ref_leaves[0], LMHead(ref_leaves[1], ref_leaves[2], s_head.softcap))
+    loss, m = muscle_token_loss(zs, logits_of(ho, o_head), logits_of(hn, n_head), labels, get_muscle_mask(mask),
+                                temperature)
+    ce = torch.nn.functional.cross_entropy(zs.reshape(-1, V), labels.reshape(-1), ignore_index=-100,
+                                           reduction="none").view(B, T)
+    return out, (loss, m, ce, zs), tiled_leaves, ref_leaves
+
+
+def backward_both(out, ref, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    w_kl, w_ce = torch.rand(B, T, generator=g), torch.rand(B, T, generator=g)  # non-uniform upstream gradients
+    ((out.kl * w_kl).sum() + (out.ce * w_ce).sum()).backward()
+    ((ref[0] * w_kl).sum() + (ref[2] * w_ce).sum()).backward()
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("token_chunk, vocab_chunk", [(1, 1), (4, 5), (100, 100)])
+def test_tiled_equals_reference_in_value_and_gradient(mask, token_chunk, vocab_chunk):
+    labels, hiddens, heads = setup(bias=True)
+    out, ref, tiled, reference = run_both(labels, hiddens, heads, mask, token_chunk, vocab_chunk)
+    loss, m, ce, zs = ref
+    torch.testing.assert_close(out.m, m)
+    torch.testing.assert_close(out.kl, loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.ce, ce, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out.student_top1[labels != -100], zs.argmax(-1)[labels != -100])
+    assert (out.kl[labels == -100] == 0).all() and (out.ce[labels == -100] == 0).all()
+    backward_both(out, ref)
+    for mine, theirs, name in zip(tiled, reference, ("hidden", "weight", "bias")):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_softcapping():
+    labels, hiddens, heads = setup(seed=2, softcap=3.0)
+    out, ref, tiled, reference = run_both(labels, hiddens, heads, "old_likelier_token", 4, 5)
+    torch.testing.assert_close(out.kl, ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.m, ref[1])
+    backward_both(out, ref)
+    for mine, theirs in zip(tiled[:2], reference[:2]):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_lora_on_the_head_and_tied_embeddings():
+    """The head weight as an expression of parameters: LoRA (W + s·B@A) whose A and B get gradients, and a
+    weight tied to the input embeddings (it receives gradient from both of its uses)."""
+    labels, (_, hn, ho), (_, n_head, o_head) = setup(seed=3)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    base = [torch.randn(V, H, generator=g), torch.randn(2, H, generator=g) * 0.3, torch.randn(V, 2, generator=g) * 0.3]
+    grads = []
+    for tiled in (True, False):
+        emb, lora_a, lora_b = (leaf(t) for t in base)
+        weight = emb + 0.5 * lora_b @ lora_a  # tied to `emb`, with LoRA on top
+        hs = torch.tanh(emb[ids])  # the "decoder": hidden states from the same embeddings
+        if tiled:
+            out = muscle_token_loss_tiled(hs, LMHead(weight), hn, n_head, (ho, o_head), labels, student_wrong,
+                                          token_chunk=4, vocab_chunk=3)
+            loss = out.kl.sum() + 0.3 * out.ce.sum()
+        else:
+            zs = logits_of(hs, LMHead(weight))
+            kl, _ = muscle_token_loss(zs, logits_of(ho, o_head), logits_of(hn, n_head), labels, student_wrong)
+            loss = kl.sum() + 0.3 * torch.nn.functional.cross_entropy(zs.reshape(-1, V), labels.reshape(-1),
+                                                                         ignore_index=-100, reduction="sum")
+        loss.backward()
+        grads.append([emb.grad, lora_a.grad, lora_b.grad])
+    for mine, theirs, name in zip(*grads, ("embedding", "lora_A", "lora_B")):
+        assert theirs.abs().sum() > 0
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("k", [3, V])
+@pytest.mark.parametrize("mask", ["student_wrong", "old_likelier_token", "old_correct", "old_only"])
+def test_cached_topk_old_teacher(k, mask):
+    """A top-k cache of the old teacher joins the tiles: equal to the chunked loss on the same cache (which is
+    tested equal to its dense form) in value, mask and gradient."""
+    labels, (hs, hn, ho), (s_head, n_head, o_head) = setup(seed=4)
+    sparse, _ = _topk_teacher(logits_of(ho, o_head), k)
+    h1, h2 = leaf(hs), leaf(hs)
+    out = muscle_token_loss_tiled(h1, s_head, hn, n_head, sparse, labels, get_muscle_mask(mask), token_chunk=4,
+                                  vocab_chunk=5)
+    loss, m = muscle_token_loss_chunked(logits_of(h2, s_head), sparse, logits_of(hn, n_head), labels,
+                                        get_muscle_mask(mask), chunk_size=4)
+    torch.testing.assert_close(out.m, m)
+    torch.testing.assert_close(out.kl, loss, rtol=1e-5, atol=1e-5)
+    w = torch.rand(B, T, generator=torch.Generator().manual_seed(6))
+    (out.kl * w).sum().backward()
+    (loss * w).sum().backward()
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_bf16_within_stated_tolerance():
+    """bf16 hidden states and heads (the matmul in bf16, the rest in float32, as the reference on the bf16 model's
+    logits): loss within 1e-2 relative, gradients within 2e-2 relative (of the largest entry)."""
+    labels, hiddens, heads = setup(seed=7, dtype=torch.bfloat16)
+    out, ref, tiled, reference = run_both(labels, hiddens, heads, "student_wrong", 4, 5)
+    torch.testing.assert_close(out.m, ref[1])
+    torch.testing.assert_close(out.kl, ref[0], rtol=1e-2, atol=1e-2)
+    backward_both(out, ref)
+    for mine, theirs in zip(tiled[:2], reference[:2]):
+        assert mine.dtype == torch.bfloat16
+        scale = theirs.float().abs().max()
+        assert (mine.float() - theirs.float()).abs().max() <= 2e-2 * scale
+
+
+def test_bad_input():
+    labels, (hs, hn, ho), (s_head, n_head, o_head) = setup()
+    with pytest.raises(ValueError, match="temperature"):
+        muscle_token_loss_tiled(hs, s_head, hn, n_head, (ho, o_head), labels, student_wrong, temperature=0)
+    with pytest.raises(ValueError, match="vocabulary sizes differ: student 13, old 12"):
+        muscle_token_loss_tiled(hs, s_head, hn, n_head, (ho, LMHead(o_head.weight[:12])), labels, student_wrong)
+    with pytest.raises(ValueError, match=r"new hidden states \(3, 4, 8\) do not match labels \(3, 5\)"):
+        muscle_token_loss_tiled(hs, s_head, hn[:, :4], n_head, (ho, o_head), labels, student_wrong)
+    with pytest.raises(ValueError, match="vocab_chunk"):
+        muscle_token_loss_tiled(hs, s_head, hn, n_head, (ho, o_head), labels, student_wrong, vocab_chunk=0)
+
+
+def test_argmax_ties_go_to_the_first_token_across_tiles():
+    """torch.argmax picks the first maximum; so must the tiled argmax when the tied tokens sit in different tiles
+    (it feeds the student_wrong mask)."""
+    labels, (hs, hn, ho), (s_head, n_head, o_head) = setup(seed=8)
+    weight = s_head.weight.clone()
+    weight[2] = weight[9] = 10.0  # tokens 2 and 9 tie for the largest logit wherever the hidden state is positive
+    out = muscle_token_loss_tiled(hs.abs(), LMHead(weight), hn, n_head, (ho, o_head), labels, student_wrong,
+                                  vocab_chunk=5)
+    assert (out.student_top1[labels != -100] == 2).all()
