@@ -16,11 +16,11 @@ B, T, H, V = 3, 5, 8, 13
 
 def logits_of(h, head: LMHead):
     z = h @ head.weight.T + (0 if head.bias is None else head.bias)
-    z = z.float()
+    z = z.float() * head.scale
     return head.softcap * torch.tanh(z / head.softcap) if head.softcap else z
 
 
-def setup(seed=0, dtype=torch.float32, bias=False, softcap=None):
+def setup(seed=0, dtype=torch.float32, bias=False, softcap=None, scale=1.0):
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
@@ -29,7 +29,7 @@ def setup(seed=0, dtype=torch.float32, bias=False, softcap=None):
     labels = torch.randint(0, V, (B, T), generator=g)
     labels[1, 3:] = -100
     labels[2, 0] = -100
-    heads = [LMHead(rand(V, H), rand(V) if bias else None, softcap) for _ in range(3)]
+    heads = [LMHead(rand(V, H), rand(V) if bias else None, softcap, scale) for _ in range(3)]
     hiddens = [rand(B, T, H) * 2 for _ in range(3)]
     return labels, hiddens, heads
 
@@ -43,10 +43,11 @@ def run_both(labels, hiddens, heads, mask, token_chunk, vocab_chunk, temperature
     (hs, hn, ho), (s_head, n_head, o_head) = hiddens, heads
     tiled_leaves = [leaf(hs), leaf(s_head.weight), leaf(s_head.bias)]
     ref_leaves = [leaf(hs), leaf(s_head.weight), leaf(s_head.bias)]
-    out = muscle_token_loss_tiled(tiled_leaves[0], LMHead(tiled_leaves[1], tiled_leaves[2], s_head.softcap), hn, n_head,
-                                  (ho, o_head), labels, mask=get_muscle_mask(mask), temperature=temperature,
+    student_head = LMHead(tiled_leaves[1], tiled_leaves[2], s_head.softcap, s_head.scale)
+    out = muscle_token_loss_tiled(tiled_leaves[0], student_head, hn, n_head, (ho, o_head), labels,
+                                  mask=get_muscle_mask(mask), temperature=temperature,
                                   token_chunk=token_chunk, vocab_chunk=vocab_chunk)
-    zs = logits_of(ref_leaves[0], LMHead(ref_leaves[1], ref_leaves[2], s_head.softcap))
+    zs = logits_of(ref_leaves[0], student_head._replace(weight=ref_leaves[1], bias=ref_leaves[2]))
     loss, m = muscle_token_loss(zs, logits_of(ho, o_head), logits_of(hn, n_head), labels, get_muscle_mask(mask),
                                 temperature)
     ce = torch.nn.functional.cross_entropy(zs.reshape(-1, V), labels.reshape(-1), ignore_index=-100,
@@ -77,8 +78,8 @@ def test_tiled_equals_reference_in_value_and_gradient(mask, token_chunk, vocab_c
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_softcapping():
-    labels, hiddens, heads = setup(seed=2, softcap=3.0)
+def test_softcapping_and_logit_scale():
+    labels, hiddens, heads = setup(seed=2, softcap=3.0, scale=0.7)
     out, ref, tiled, reference = run_both(labels, hiddens, heads, "old_likelier_token", 4, 5)
     torch.testing.assert_close(out.kl, ref[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.m, ref[1])

@@ -25,12 +25,15 @@ from .losses import MaskFn, MaskInputs, TopKLogProbs, apply_mask, sparse_kl, spa
 
 
 class LMHead(NamedTuple):
-    """An output layer: logits = softcap(hidden @ weight.T + bias), softcap(x) = c·tanh(x/c) (Gemma-2) or none.
-    `weight` (V, H) may carry gradient (full fine-tuning, LoRA on the head: pass W + s·B@A, tied embeddings)."""
+    """An output layer: logits = softcap(scale·(hidden @ weight.T + bias)), softcap(x) = c·tanh(x/c) (Gemma-2) or
+    none, `scale` a model's logit multiplier (Cohere's `logit_scale`, Granite's 1/`logits_scaling`; TRL reads the
+    same config fields). `weight` (V, H) may carry gradient (full fine-tuning, LoRA on the head: pass W + s·B@A,
+    tied embeddings)."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
     softcap: float | None = None
+    scale: float = 1.0
 
 
 class TiledMuscleOutput(NamedTuple):
@@ -49,16 +52,18 @@ class _Spec:
     temperature: float
     token_chunk: int
     vocab_chunk: int
-    softcaps: tuple  # student, new, old
+    post: tuple  # (softcap, scale) of the student, new and old heads
     labels: torch.Tensor  # (B, T)
 
 
-def _tile(hidden: torch.Tensor, weight: torch.Tensor, bias, softcap, v0: int, v1: int) -> torch.Tensor:
-    """float32 logits (n, v1 − v0) of the vocabulary slice [v0, v1); the matmul in the model's dtype, as its head."""
+def _tile(hidden: torch.Tensor, weight: torch.Tensor, bias, post: tuple, v0: int, v1: int) -> torch.Tensor:
+    """float32 logits (n, v1 − v0) of the vocabulary slice [v0, v1); the matmul in the model's dtype, as its head.
+    `post` = (softcap, scale)."""
+    softcap, scale = post
     z = hidden @ weight[v0:v1].T
     if bias is not None:
         z = z + bias[v0:v1]
-    z = z.float()
+    z = z.float() * scale if scale != 1.0 else z.float()
     return softcap * torch.tanh(z / softcap) if softcap else z
 
 
@@ -118,7 +123,7 @@ class _TiledMuscle(torch.autograd.Function):
         y = labels.reshape(-1)[rows]
         n, vocab, device = len(rows), w_s.shape[0], h_s.device
         temperature = spec.temperature
-        cap_s, cap_new, cap_old = spec.softcaps
+        post_s, post_new, post_old = spec.post
         sparse = top_logp is not None
         out = {name: torch.zeros(n, dtype=torch.float32, device=device)
                for name in ("lse1_s", "lse_b", "lse_new", "lse_old", "kl_new", "kl_old", "logp_s", "logp_new",
@@ -138,16 +143,16 @@ class _TiledMuscle(torch.autograd.Function):
                 ho = h_old[idx]
             for v0 in range(0, vocab, spec.vocab_chunk):
                 v1 = min(v0 + spec.vocab_chunk, vocab)
-                zs = _tile(hs, w_s, b_s, cap_s, v0, v1)
+                zs = _tile(hs, w_s, b_s, post_s, v0, v1)
                 b = zs / temperature
                 s.update(zs, yc, v0, temperature)
-                new.update(_tile(hn, w_new, b_new, cap_new, v0, v1), yc, v0, temperature, b)
+                new.update(_tile(hn, w_new, b_new, post_new, v0, v1), yc, v0, temperature, b)
                 if sparse:
                     here = (k_idx >= v0) & (k_idx < v1)
                     b_top = torch.where(here, b.gather(1, (k_idx - v0).clamp(0, v1 - v0 - 1)), b_top)
                     b_sum += b.sum(-1)
                 else:
-                    old.update(_tile(ho, w_old, b_old, cap_old, v0, v1), yc, v0, temperature, b)
+                    old.update(_tile(ho, w_old, b_old, post_old, v0, v1), yc, v0, temperature, b)
             sl = slice(start, start + len(idx))
             lse_b = s.lse_t()
             out["lse1_s"][sl], out["lse_b"][sl] = s.lse1(), lse_b
@@ -190,7 +195,7 @@ class _TiledMuscle(torch.autograd.Function):
         (h_s, w_s, b_s, h_new, w_new, b_new, h_old, w_old, b_old, top_logp, top_idx, top_rest,
          rows, y, m, lse1_s, lse_b, lse_new, lse_old) = ctx.saved_tensors
         spec = ctx.spec
-        temperature, (cap_s, cap_new, cap_old) = spec.temperature, spec.softcaps
+        temperature, (post_s, post_new, post_old) = spec.temperature, spec.post
         sparse = top_logp is not None
         vocab = w_s.shape[0]
         g_kl, g_ce = g_kl.reshape(-1)[rows].float(), g_ce.reshape(-1)[rows].float()
@@ -212,22 +217,25 @@ class _TiledMuscle(torch.autograd.Function):
             grad_hc = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device) if need_h else None
             for v0 in range(0, vocab, spec.vocab_chunk):
                 v1 = min(v0 + spec.vocab_chunk, vocab)
-                zs = _tile(hs, w_s, b_s, cap_s, v0, v1)
+                zs = _tile(hs, w_s, b_s, post_s, v0, v1)
                 q = torch.exp(zs / temperature - lse_b[sl][:, None])
-                p_mix = (1 - mc) * torch.exp(_tile(hn, w_new, b_new, cap_new, v0, v1) / temperature
+                p_mix = (1 - mc) * torch.exp(_tile(hn, w_new, b_new, post_new, v0, v1) / temperature
                                              - lse_new[sl][:, None])
                 if sparse:
                     here = (k_idx >= v0) & (k_idx < v1)
                     p_mix = p_mix + mc * pt
                     p_mix.scatter_add_(1, (k_idx - v0).clamp(0, v1 - v0 - 1), mc * (pj - pt) * here)
                 else:
-                    p_mix = p_mix + mc * torch.exp(_tile(ho, w_old, b_old, cap_old, v0, v1) / temperature
+                    p_mix = p_mix + mc * torch.exp(_tile(ho, w_old, b_old, post_old, v0, v1) / temperature
                                                    - lse_old[sl][:, None])
                 grad_z = gk * (q - p_mix) + gc * torch.exp(zs - lse1_s[sl][:, None])
                 here_y = (yc >= v0) & (yc < v1)
                 grad_z.scatter_add_(1, (yc - v0).clamp(0, v1 - v0 - 1)[:, None], -(gc * here_y[:, None]))
-                if cap_s:  # z = c·tanh(u/c): dz/du = 1 − (z/c)²
-                    grad_z = grad_z * (1 - (zs / cap_s) ** 2)
+                softcap, scale = post_s
+                if softcap:  # z = c·tanh(u/c): dz/du = 1 − (z/c)²
+                    grad_z = grad_z * (1 - (zs / softcap) ** 2)
+                if scale != 1.0:
+                    grad_z = grad_z * scale
                 grad_z = grad_z.to(w_s.dtype)  # as autograd of the head's matmul would see it
                 if need_h:
                     grad_hc += (grad_z @ w_s[v0:v1]).float()
@@ -278,12 +286,12 @@ def muscle_token_loss_tiled(student_hidden: torch.Tensor, student_head: LMHead, 
     if sparse:
         k = old.logp.shape[-1]
         old_args = (None, None, None, old.logp.reshape(-1, k), old.idx.reshape(-1, k), old.rest.reshape(-1))
-        old_cap = None
+        old_cap = (None, 1.0)
     else:
         old_args = (flat["old"].detach(), old[1].weight.detach(), _detached(old[1].bias), None, None, None)
-        old_cap = old[1].softcap
+        old_cap = (old[1].softcap, float(old[1].scale))
     spec = _Spec(mask, float(temperature), int(token_chunk), int(vocab_chunk),
-                 (student_head.softcap, new_head.softcap, old_cap), labels)
+                 tuple((h.softcap, float(h.scale)) for h in (student_head, new_head)) + (old_cap,), labels)
     return TiledMuscleOutput(*_TiledMuscle.apply(
         flat["student"], student_head.weight, student_head.bias, flat["new"].detach(), new_head.weight.detach(),
         _detached(new_head.bias), *old_args, spec))
