@@ -60,14 +60,18 @@ def make_trainer(embedded_path, update, out, **kw):
                          train_dataset=Dataset.from_list(ROWS), processing_class=AutoTokenizer.from_pretrained(embedded_path))
 
 
-def test_loss_matches_reference_implementation(embedded_path, update, tmp_path):
+@pytest.mark.parametrize("implementation", ["tiled", "logits"])
+def test_loss_matches_reference_implementation(embedded_path, update, tmp_path, implementation):
+    """The trainer's loss, from hidden states on tiles (default) or from full logits, equals the reference loss
+    on the three models' logits computed here independently."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from adaptguard.muscle.losses import muscle_token_loss
     from adaptguard.muscle.masks import student_wrong
 
-    trainer = make_trainer(embedded_path, update, tmp_path, temperature=2.0, ce_weight=0.5)
+    trainer = make_trainer(embedded_path, update, tmp_path, temperature=2.0, ce_weight=0.5,
+                           loss_implementation=implementation, vocab_chunk_size=7)
     # make the student differ from its initial (= new teacher) weights, as after some training
     with torch.no_grad():
         for n, p in trainer.model.named_parameters():
@@ -91,6 +95,40 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path):
     assert 0 < m.sum() < n  # both teachers are used on this batch
     assert loss == pytest.approx((per_token.sum() / n + 0.5 * ce).item(), rel=1e-4)
     assert trainer._metrics["train"]["compat/frac_aligned_old"][-1] == pytest.approx((m.sum() / n).item())
+
+
+def test_tiled_and_logits_losses_give_the_same_gradients(embedded_path, update, tmp_path):
+    """The default tiled loss and the full-logits loss: the same value and the same gradient on every trainable
+    parameter (LoRA on the LM head is refused by TRL's SFTTrainer itself; the tiled function's LoRA-head case is in
+    test_muscle_tiled). The mask is student_wrong: LL_L compares the old and new label log-probabilities, which on
+    this toy update are equal to within 1e-6 on some tokens, so float noise between the two implementations could
+    flip it."""
+    adapter = update / "v2_adapter"
+    grads, losses = [], []
+    for implementation in ("tiled", "logits"):
+        from transformers import AutoTokenizer
+
+        from adaptguard import MUSCLETrainer
+
+        trainer = MUSCLETrainer(model=str(embedded_path), args=compat_args(
+            tmp_path / implementation, adapter, old_model=str(update / "v1_task"), ce_weight=0.3,
+            loss_implementation=implementation, vocab_chunk_size=5, kl_chunk_size=7),
+            train_dataset=Dataset.from_list(ROWS), processing_class=AutoTokenizer.from_pretrained(embedded_path))
+        torch.manual_seed(0)
+        with torch.no_grad():  # the student away from the new teacher, as after some training
+            for n, p in trainer.model.named_parameters():
+                if "lora_B" in n and ".default." in n:
+                    p.add_(0.2 * torch.randn_like(p))
+        trainer.model.train()
+        batch = next(iter(trainer.get_train_dataloader()))
+        loss = trainer.compute_loss(trainer.model, dict(batch))
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert set(grads[0]) == set(grads[1]) and grads[0]
+    for n in grads[1]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-6, msg=n)
 
 
 def test_training_moves_only_the_student_adapter(embedded_path, update, tmp_path):

@@ -49,9 +49,20 @@ class MUSCLEConfig(SFTConfig):
         default=0.0,
         metadata={"help": "Weight λ_CE of the auxiliary cross-entropy on the labels (paper: for large gaps)."},
     )
+    loss_implementation: str = field(
+        default="tiled",
+        metadata={"help": "tiled (default): the loss from the three models' last hidden states and LM heads on "
+                  "(token x vocabulary) tiles, never building (batch, length, vocabulary) logits; logits: the "
+                  "models' full logits, then a chunked KL (more memory; for debugging and comparison)."},
+    )
     kl_chunk_size: int = field(
         default=1024,
-        metadata={"help": "Scored tokens per chunk of the KL computation (bounds the float32 vocabulary tensors)."},
+        metadata={"help": "Scored tokens per chunk (tile height) of the loss computation."},
+    )
+    vocab_chunk_size: int = field(
+        default=8192,
+        metadata={"help": "Vocabulary entries per tile of the tiled loss: the extra memory is a few float32 tensors "
+                  "of kl_chunk_size x vocab_chunk_size."},
     )
 
     def __post_init__(self):
@@ -62,8 +73,11 @@ class MUSCLEConfig(SFTConfig):
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.ce_weight < 0:
             raise ValueError(f"ce_weight must be ≥ 0, got {self.ce_weight}")
-        if self.kl_chunk_size < 1:
-            raise ValueError(f"kl_chunk_size must be ≥ 1, got {self.kl_chunk_size}")
+        if self.kl_chunk_size < 1 or self.vocab_chunk_size < 1:
+            raise ValueError(f"kl_chunk_size and vocab_chunk_size must be ≥ 1, got {self.kl_chunk_size}, "
+                             f"{self.vocab_chunk_size}")
+        if self.loss_implementation not in ("tiled", "logits"):
+            raise ValueError(f"loss_implementation must be 'tiled' or 'logits', got {self.loss_implementation!r}")
         if self.old_logits_cache is not None and (self.packing or self.padding_free):
             raise ValueError("old_logits_cache identifies rows by their tokens: it cannot be used with packing or "
                              "padding_free")

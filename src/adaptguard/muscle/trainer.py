@@ -5,6 +5,7 @@ import warnings
 
 import torch
 from trl import SFTTrainer
+from trl.models.utils import _ForwardRedirection
 
 from ..plugins import get_muscle_mask
 from ..trl_adapter import SFTBookkeeping
@@ -13,6 +14,7 @@ from ..utils.labels import IGNORE_INDEX, shifted_labels
 from .config import MUSCLEConfig
 from .logit_cache import LogitCache, row_fingerprint
 from .losses import muscle_token_loss_chunked
+from .tiled import LMHead, muscle_token_loss_tiled
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,31 @@ def _load_lora(base, adapter: str):
     model = PeftModel.from_pretrained(base, adapter, adapter_name="default", is_trainable=True)
     model.load_adapter(adapter, adapter_name=NEW_TEACHER, is_trainable=False)
     return model
+
+
+def last_hidden_state(model, inputs: dict) -> torch.Tensor:
+    """(B, L, H) hidden states after the final norm, from the model's backbone (the LM head is not run). A
+    `PeftModel` keeps its LoRA layers inside the backbone, so the active adapter applies."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        model = model.base_model.model
+    return model.base_model(**inputs).last_hidden_state
+
+
+def output_head(model) -> LMHead:
+    """The model's LM head as an `LMHead`: its weight and bias, and the config's logit soft-capping and scale (read
+    as TRL's DistillationTrainer reads them). TRL's SFTTrainer refuses a PEFT adapter on the LM head, so the
+    weight is the head's own."""
+    layer = model.get_output_embeddings()
+    weight, bias = layer.weight, getattr(layer, "bias", None)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    scale = getattr(config, "logit_scale", None)
+    if scale is None:
+        scale = getattr(config, "output_multiplier", None) or getattr(config, "lm_head_multiplier", None)
+    if scale is None and getattr(config, "logits_scaling", None) is not None:
+        scale = config.logits_scaling if config.model_type == "hyperclovax" else 1 / config.logits_scaling
+    return LMHead(weight, bias, getattr(config, "final_logit_softcapping", None), 1.0 if scale is None else float(scale))
 
 
 class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
@@ -145,30 +172,62 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         prints = [row_fingerprint(ids[m], lab[m]) for ids, lab, m in zip(model_inputs["input_ids"], labels, mask)]
         return self.old_cache.topk_batch(self.old_cache.rows_for(prints), labels)
 
+    @torch.no_grad()
+    def teacher_hidden(self, peft_model, model_inputs, labels):
+        """(old, new) teachers for the tiled loss: new = (last hidden states, head) of the frozen v2 adapter; old =
+        the same of the old model, or its cached top-k (`TopKLogProbs`)."""
+        peft_model.set_adapter(NEW_TEACHER, inference_mode=True)
+        try:
+            new = last_hidden_state(peft_model, model_inputs), output_head(peft_model)
+        finally:
+            peft_model.set_adapter("default")  # the student again, trainable
+        if self.old_cache is not None:
+            return self.cached_old_topk(model_inputs, labels), new
+        old_model = self.accelerator.unwrap_model(self.old_model)
+        return (last_hidden_state(old_model, model_inputs), output_head(old_model)), new
+
+    def _tiled_loss(self, peft_model, inputs, labels, shifted):
+        """Runs inside the wrapper's forward (`_ForwardRedirection`), so DDP prepares its gradient reduction."""
+        old, (new_hidden, new_head) = self.teacher_hidden(peft_model, inputs, labels)
+        out = muscle_token_loss_tiled(last_hidden_state(peft_model, inputs), output_head(peft_model), new_hidden,
+                                      new_head, old, shifted, mask=self._mask, temperature=self.args.temperature,
+                                      token_chunk=self.args.kl_chunk_size, vocab_chunk=self.args.vocab_chunk_size)
+        return out.kl, out.ce, out.m, out.student_top1
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"
         args = self.args
         inputs = {**inputs, "use_cache": False}
         labels = inputs.pop("labels")
-        old_logits, new_logits = self.teacher_logits(model, inputs, labels)
-        outputs = model(**inputs)
-        student = outputs.logits
         shifted = shifted_labels(labels)  # shift the labels, not the (large) logits
-        per_token, m = muscle_token_loss_chunked(student, old_logits, new_logits, shifted, mask=self._mask,
-                                                 temperature=args.temperature, chunk_size=args.kl_chunk_size)
         valid = shifted != IGNORE_INDEX
-        total = per_token.sum()
-        ce_sum = torch.zeros((), device=student.device)
-        if args.ce_weight > 0:
+        outputs = None
+        if args.loss_implementation == "tiled":
+            if not hasattr(self, "_forward_redirection"):
+                self._forward_redirection = _ForwardRedirection()
+            per_token, ce, m, student_top1 = self._forward_redirection(
+                model, self.accelerator.unwrap_model(model), self._tiled_loss, self.accelerator.unwrap_model(model),
+                inputs, labels, shifted)
+            ce_sum = ce.sum()
+        else:  # the (B, L, V) logits of all three models, then a chunked KL: for debugging
+            old_logits, new_logits = self.teacher_logits(model, inputs, labels)
+            outputs = model(**inputs)
+            student = outputs.logits
+            per_token, m = muscle_token_loss_chunked(student, old_logits, new_logits, shifted, mask=self._mask,
+                                                     temperature=args.temperature, chunk_size=args.kl_chunk_size)
+            student_top1 = student.detach().argmax(-1)
             ce_sum = torch.nn.functional.cross_entropy(student.reshape(-1, student.shape[-1]).float(),
                                                        shifted.reshape(-1), ignore_index=IGNORE_INDEX,
-                                                       reduction="sum")
+                                                       reduction="sum") if args.ce_weight > 0 \
+                else torch.zeros((), device=student.device)
+        total = per_token.sum()
+        if args.ce_weight > 0:
             total = total + args.ce_weight * ce_sum
         loss, _ = self.normalise_token_loss(total, valid.sum(), num_items_in_batch, mode)
         self.check_finite(loss, mode)
 
         with torch.no_grad():
-            correct = (student.argmax(-1) == shifted) & valid
+            correct = (student_top1 == shifted) & valid
             sums = torch.stack([valid.sum().float(), m.sum().float(), correct.sum().float(),
                                 per_token.detach().sum().float(), ce_sum.detach().float()])
             count, aligned_old, right, kl_sum, ce_total = self.accelerator.gather_for_metrics(sums[None]).sum(0).tolist()
@@ -179,6 +238,8 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             if args.ce_weight > 0:
                 self.log_metric(mode, "compat/ce", ce_total / count)
         self.count_tokens(inputs, mode)
+        if return_outputs and outputs is None:  # the tiled loss builds no logits to return
+            outputs = {"loss": loss}
         return (loss, outputs) if return_outputs else loss
 
 
