@@ -98,13 +98,13 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path, 
 
 
 def test_tiled_and_logits_losses_give_the_same_gradients(embedded_path, update, tmp_path):
-    """The default tiled loss and the full-logits loss: the same value and the same gradient on every trainable
-    parameter (LoRA on the LM head is refused by TRL's SFTTrainer itself; the tiled function's LoRA-head case is in
+    """The default tiled loss and the full-logits loss: the same value, the same gradient on every trainable
+    parameter and the same evaluation loss (LoRA on the LM head is refused by TRL's SFTTrainer itself; the tiled function's LoRA-head case is in
     test_muscle_tiled). The mask is student_wrong: LL_L compares the old and new label log-probabilities, which on
     this toy update are equal to within 1e-6 on some tokens, so float noise between the two implementations could
     flip it."""
     adapter = update / "v2_adapter"
-    grads, losses = [], []
+    grads, losses, evals = [], [], []
     for implementation in ("tiled", "logits"):
         from transformers import AutoTokenizer
 
@@ -113,7 +113,8 @@ def test_tiled_and_logits_losses_give_the_same_gradients(embedded_path, update, 
         trainer = MUSCLETrainer(model=str(embedded_path), args=compat_args(
             tmp_path / implementation, adapter, old_model=str(update / "v1_task"), ce_weight=0.3,
             loss_implementation=implementation, vocab_chunk_size=5, kl_chunk_size=7),
-            train_dataset=Dataset.from_list(ROWS), processing_class=AutoTokenizer.from_pretrained(embedded_path))
+            train_dataset=Dataset.from_list(ROWS), eval_dataset=Dataset.from_list(ROWS[:4]),
+            processing_class=AutoTokenizer.from_pretrained(embedded_path))
         torch.manual_seed(0)
         with torch.no_grad():  # the student away from the new teacher, as after some training
             for n, p in trainer.model.named_parameters():
@@ -125,7 +126,8 @@ def test_tiled_and_logits_losses_give_the_same_gradients(embedded_path, update, 
         loss.backward()
         losses.append(loss.item())
         grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+        evals.append(trainer.evaluate()["eval_loss"])  # the tiled path returns no logits: evaluation still runs
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and evals[0] == pytest.approx(evals[1], rel=1e-5)
     assert set(grads[0]) == set(grads[1]) and grads[0]
     for n in grads[1]:
         torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-6, msg=n)
