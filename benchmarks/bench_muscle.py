@@ -2,13 +2,18 @@
 
     python benchmarks/bench_muscle.py                 # vocab 32k, seq 256, batch 4, 20 rounds
     python benchmarks/bench_muscle.py --steps 40 --seq 512
+    python benchmarks/bench_muscle.py --vocab 32768,131072,262144 --seq 1024 --batch 1 --steps 5 --with-logits
 
-Three trainers on identical tiny Llama models built from config: plain SFT with a LoRA adapter (the
-baseline), MUSCLE with the old model online, and MUSCLE reading a top-k (k = 64) cache of the old
-model. Each round runs one training step of each, in rotating order; the script prints the medians
-of the per-round ratios. Goals (issue 4): `muscle_step_time_ratio` ≤ 1.8, `muscle_cached_step_time_ratio`
-≤ 1.35. Memory: peak RSS growth of a fresh subprocess per variant on CPU (alternated, median of 3),
-and `v2_base_copies`, the number of copies of the new base's weights in the MUSCLE trainer (goal 1).
+Trainers on identical tiny Llama models built from config: plain SFT with a LoRA adapter (TRL's fused LM
+head; the baseline), MUSCLE with the old model online, and MUSCLE reading a top-k (k = 64) cache of the old
+model, both with the default tiled loss (no (B, L, V) logits); `--with-logits` adds MUSCLE on the full-logits
+path (`loss_implementation="logits"`) for comparison. Each round runs one training step of each, in rotating
+order; the script prints the medians of the per-round ratios. `--vocab`, `--seq` and `--batch` take
+comma-separated lists: one line per combination, then a table. Goals (issue 16, at V = 131072, L = 1024):
+`muscle_peak_memory_ratio` ≤ 1.3, `muscle_cached_peak_memory_ratio` ≤ 1.15, `muscle_step_time_ratio` ≤ 1.8,
+`muscle_cached_step_time_ratio` ≤ 1.35, and memory flat in V. Memory: peak growth of a fresh subprocess per
+variant (alternated, median of `--memory-repeats`): peak RSS on CPU, `torch.cuda.max_memory_allocated` on a
+GPU. `v2_base_copies`: copies of the new base's weights in the MUSCLE trainer (goal 1).
 """
 
 from __future__ import annotations
@@ -90,10 +95,11 @@ def build(variant: str, root: Path, args):
                              peft_config=LoraConfig(r=args.lora_r, target_modules=["q_proj", "v_proj"],
                                                     task_type="CAUSAL_LM"))
     else:
-        extra = {"old_model": str(root / "v1")} if variant == "muscle" else {"old_logits_cache": str(root / "cache")}
-        trainer = MUSCLETrainer(model=str(root / "v2"), args=MUSCLEConfig(new_adapter=str(root / "v2_adapter"),
-                                                                          **extra, **common),
-                                train_dataset=data, processing_class=tok)
+        extra = {"old_logits_cache": str(root / "cache")} if variant == "cached" else {"old_model": str(root / "v1")}
+        implementation = "logits" if variant == "muscle_logits" else "tiled"
+        trainer = MUSCLETrainer(model=str(root / "v2"), args=MUSCLEConfig(
+            new_adapter=str(root / "v2_adapter"), loss_implementation=implementation, **extra, **common),
+            train_dataset=data, processing_class=tok)
     trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
     trainer.current_gradient_accumulation_steps = 1
     batch = next(iter(trainer.get_train_dataloader()))
@@ -118,23 +124,74 @@ def base_copies(trainer) -> int:
 def memory_child(variant: str, root: Path, args) -> None:
     trainer, batch, n = build(variant, root, args)
     step(trainer, batch, n)
-    base = reset_peak_rss()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        base = reset_peak_rss()
     for _ in range(3):
         step(trainer, batch, n)
-    print(json.dumps({"peak_growth": peak_rss() - base}))
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else peak_rss()
+    print(json.dumps({"peak_growth": peak - base}))
+
+
+def measure(args) -> dict:
+    """One combination of vocab, seq and batch: the step time and peak memory ratios against SFT."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        setup(root, args)
+        variants = ["sft", "muscle", "cached"] + (["muscle_logits"] if args.with_logits else [])
+        bundles = {v: build(v, root, args) for v in variants}
+        for _ in range(2):
+            for b in bundles.values():
+                step(*b)
+        times = {v: [] for v in bundles}
+        for i in range(args.steps):
+            for v in variants[i % len(variants):] + variants[:i % len(variants)]:
+                times[v].append(step(*bundles[v]))
+        copies = base_copies(bundles["muscle"][0])
+        del bundles
+        peaks = {v: [] for v in variants}
+        cmd = [sys.executable, __file__, *[f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
+                                         ("vocab", "seq", "batch", "hidden", "layers", "lora_r", "k")]]
+        for i in range(args.memory_repeats):
+            for v in (variants if i % 2 == 0 else variants[::-1]):
+                out = subprocess.run([*cmd, "--_child", v, str(root)], capture_output=True, text=True, check=True,
+                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+                peaks[v].append(json.loads(out.stdout.strip().splitlines()[-1])["peak_growth"])
+    ratio = lambda v: statistics.median(a / b for a, b in zip(times[v], times["sft"]))  # noqa: E731
+    med = {v: statistics.median(p) for v, p in peaks.items()}
+    result = {
+        "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
+        "muscle_step_time_ratio": round(ratio("muscle"), 3),
+        "muscle_cached_step_time_ratio": round(ratio("cached"), 3),
+        "muscle_peak_memory_ratio": round(med["muscle"] / med["sft"], 3),
+        "muscle_cached_peak_memory_ratio": round(med["cached"] / med["sft"], 3),
+        "sft_step_seconds_median": round(statistics.median(times["sft"]), 4),
+        "sft_peak_growth_mib": round(med["sft"] / 2**20, 1),
+        "muscle_peak_growth_mib": round(med["muscle"] / 2**20, 1),
+        "muscle_cached_peak_growth_mib": round(med["cached"] / 2**20, 1),
+        "v2_base_copies": copies, "rounds": args.steps, "k": args.k,
+    }
+    if args.with_logits:
+        result["muscle_logits_step_time_ratio"] = round(ratio("muscle_logits"), 3)
+        result["muscle_logits_peak_memory_ratio"] = round(med["muscle_logits"] / med["sft"], 3)
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--vocab", default="32000", help="comma-separated list")
+    parser.add_argument("--seq", default="256", help="comma-separated list")
+    parser.add_argument("--batch", default="4", help="comma-separated list")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--lora-r", type=int, default=16)
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--memory-repeats", type=int, default=3)
+    parser.add_argument("--with-logits", action="store_true", help="also MUSCLE on the full-logits path")
     parser.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     import datasets
@@ -142,44 +199,23 @@ def main() -> None:
 
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
+    grid = [(int(v), int(s), int(b)) for v in args.vocab.split(",") for s in args.seq.split(",")
+            for b in args.batch.split(",")]
     if args._child:
+        args.vocab, args.seq, args.batch = grid[0]
         memory_child(args._child[0], Path(args._child[1]), args)
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        setup(root, args)
-        bundles = {v: build(v, root, args) for v in ("sft", "muscle", "cached")}
-        for _ in range(2):
-            for b in bundles.values():
-                step(*b)
-        times = {v: [] for v in bundles}
-        order = list(bundles)
-        for i in range(args.steps):
-            for v in order[i % 3:] + order[:i % 3]:
-                times[v].append(step(*bundles[v]))
-        copies = base_copies(bundles["muscle"][0])
-        ratio = lambda v: statistics.median(a / b for a, b in zip(times[v], times["sft"]))  # noqa: E731
-        peaks = {v: [] for v in bundles}
-        cmd = [sys.executable, __file__, *[f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
-                                         ("vocab", "seq", "batch", "hidden", "layers", "lora_r", "k")]]
-        for i in range(args.memory_repeats):
-            for v in (order if i % 2 == 0 else order[::-1]):
-                out = subprocess.run([*cmd, "--_child", v, str(root)], capture_output=True, text=True, check=True,
-                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-                peaks[v].append(json.loads(out.stdout.strip().splitlines()[-1])["peak_growth"])
-    med = {v: statistics.median(p) for v, p in peaks.items()}
-    result = {
-        "muscle_step_time_ratio": round(ratio("muscle"), 3),
-        "muscle_cached_step_time_ratio": round(ratio("cached"), 3),
-        "sft_step_seconds_median": round(statistics.median(times["sft"]), 4),
-        "muscle_peak_memory_ratio": round(med["muscle"] / med["sft"], 3),
-        "muscle_cached_peak_memory_ratio": round(med["cached"] / med["sft"], 3),
-        "sft_peak_growth_mib": round(med["sft"] / 2**20, 1),
-        "v2_base_copies": copies,
-        "rounds": args.steps, "vocab": args.vocab, "seq": args.seq, "batch": args.batch, "k": args.k,
-    }
-    for key, value in result.items():
-        print(f"{key}: {value}")
+    rows = []
+    for vocab, seq, batch in grid:
+        args.vocab, args.seq, args.batch = vocab, seq, batch
+        rows.append(measure(args))
+        print(json.dumps(rows[-1]), flush=True)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"\n{device}, torch {torch.__version__}")
+    columns = [k for k in rows[0] if k not in ("rounds", "k")]
+    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(row[c]) for c in columns) + " |")
 
 
 if __name__ == "__main__":
