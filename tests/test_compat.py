@@ -281,18 +281,23 @@ def test_compare_refuses_non_finite_scores(lm_runs, tmp_path, task, edit, messag
     assert not (tmp_path / "x.json").exists()
 
 
-def test_fast_reader_equals_the_general_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize("last", ["nan", "blank", "plain"])
+def test_fast_reader_equals_the_general_path(tmp_path, monkeypatch, last):
     """`read_task_run` builds most lines through a typed per-file decoder; every kind of line must give the same
-    Sample as the general path (`samples_from_records` on the fully parsed record): multiple choice with logged
-    strings and with numbers, a generation, an empty response, a line with other metrics or a metric missing,
-    a non-numeric metric, a bool, and the NaN token of Python's json (which the typed decoder refuses)."""
+    Sample as the general path (`samples_from_records` on the fully parsed record): multiple choice with logged strings and with numbers, a generation, an empty response, a line with other
+    metrics or a metric missing, a non-numeric metric, a bool; and, last, the NaN token of Python's json (which
+    the typed decoder refuses), or a blank line before a plain record (line numbers must not slip)."""
     from adaptguard.compat import runs
     from adaptguard.compat.runs import read_task_run, samples_from_records
 
     typed_lines = []
     typed = runs._add_typed_sample
-    monkeypatch.setattr(runs, "_add_typed_sample", lambda samples, where, *a: (typed_lines.append(where),
-                                                                                typed(samples, where, *a)))
+
+    def spy(samples, where, *args):
+        typed_lines.append(where)
+        return typed(samples, where, *args)
+
+    monkeypatch.setattr(runs, "_add_typed_sample", spy)
 
     def rec(i, resps, **metrics):
         return {"doc_id": i, "doc": {"q": f"question {i}"}, "arguments": {"gen_args_0": {"arg_0": "Q", "arg_1": " a"}},
@@ -307,15 +312,21 @@ def test_fast_reader_equals_the_general_path(tmp_path, monkeypatch):
                rec(5, [["-1", "False"], ["-2", "False"]], acc=1.0, exact_match=0.0),  # other metrics listed
                {**rec(6, [["-7", "False"], ["-3", "False"]], acc=1.0), "acc": [1.0, 0.0]},  # not a number
                {k: v for k, v in rec(7, [["-7", "False"], ["-3", "False"]], acc=1.0).items() if k != "acc"},
-               rec(8, [[-1.5, "False"], [-0.5, "False"]], acc=float("nan"))]  # NaN token: json.loads only
+               rec(8, [[-1.5, "False"], [-0.5, "False"]], acc=float("nan") if last == "nan" else 1.0)]
     f = tmp_path / "samples_t_2026-11-24T00-00-00.000000.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines = [json.dumps(r) for r in records]
+    if last == "blank":
+        lines.insert(8, "  ")
+    f.write_text("\n".join(lines))  # no newline after the last line
     fast = read_task_run("t", f).samples
     general = samples_from_records((f"{f}:{i + 1}", json.loads(line)) for i, line in
-                                   enumerate(f.read_text().splitlines()))
+                                   enumerate(f.read_text().splitlines()) if line.strip())
     assert list(fast) == list(general) and len(fast) == 9
-    # the first line teaches the decoder the metric names; lines 6 (other metrics) and 9 (NaN) take the general path
-    assert [int(w.rsplit(":", 1)[1]) for w in typed_lines] == [2, 3, 4, 5, 7, 8]
+    assert fast[("none", 8)].where.endswith(":10" if last == "blank" else ":9")
+    # the first line teaches the decoder the metric names; line 6 (other metrics) takes the general path, and so
+    # does the NaN token's line
+    assert [int(w.rsplit(":", 1)[1]) for w in typed_lines] == [2, 3, 4, 5, 7, 8] + {"nan": [], "blank": [10],
+                                                                                     "plain": [9]}[last]
     for key in general:
         a, b = fast[key], general[key]
         assert repr(a) == repr(b), key  # NaN != NaN: compare the printed fields
