@@ -283,10 +283,11 @@ def test_compare_refuses_non_finite_scores(lm_runs, tmp_path, task, edit, messag
 
 @pytest.mark.parametrize("last", ["nan", "blank", "plain"])
 def test_fast_reader_equals_the_general_path(tmp_path, monkeypatch, last):
-    """`read_task_run` builds most lines through a typed per-file decoder; every kind of line must give the same
-    Sample as the general path (`samples_from_records` on the fully parsed record): multiple choice with logged strings and with numbers, a generation, an empty response, a line with other
-    metrics or a metric missing, a non-numeric metric, a bool; and, last, the NaN token of Python's json (which
-    the typed decoder refuses), or a blank line before a plain record (line numbers must not slip)."""
+    """`read_task_run` builds most lines through a typed per-file decoder; every kind of line must give the same Sample as
+    the general path (`samples_from_records` on the fully parsed record): multiple choice with logged strings and with
+    numbers, a generation, an empty response, a line with other metrics or a metric missing, a non-numeric metric, a
+    bool; and, last, the NaN token of Python's json (which the typed decoder refuses), or a blank line before a plain
+    record (line numbers must not slip)."""
     from adaptguard.compat import runs
     from adaptguard.compat.runs import read_task_run, samples_from_records
 

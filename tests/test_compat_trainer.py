@@ -98,11 +98,11 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path, 
 
 
 def test_tiled_and_logits_losses_give_the_same_gradients(embedded_path, update, tmp_path):
-    """The default tiled loss and the full-logits loss: the same value, the same gradient on every trainable
-    parameter and the same evaluation loss (LoRA on the LM head is refused by TRL's SFTTrainer itself; the tiled function's LoRA-head case is in
-    test_muscle_tiled). The mask is student_wrong: LL_L compares the old and new label log-probabilities, which on
-    this toy update are equal to within 1e-6 on some tokens, so float noise between the two implementations could
-    flip it."""
+    """The default tiled loss and the full-logits loss: the same value, the same gradient on every trainable parameter and
+    the same evaluation loss (LoRA on the LM head is refused by TRL's SFTTrainer itself; the tiled function's LoRA-head
+    case is in test_muscle_tiled). The mask is student_wrong: LL_L compares the old and new label log-probabilities,
+    which on this toy update are equal to within 1e-6 on some tokens, so float noise between the two implementations
+    could flip it."""
     adapter = update / "v2_adapter"
     grads, losses, evals = [], [], []
     for implementation in ("tiled", "logits"):
