@@ -88,3 +88,36 @@ def lm_runs(tmp_path_factory, embedded_path):
     run_lm_eval(embedded_path, tasks, root / "old")
     run_lm_eval(new_model, tasks, root / "new")
     return root
+
+
+def make_adapter(base_path, out, seed, scale=0.3, kind="lora"):
+    """A task adapter with non-zero weights on the embedded base, saved to `out`."""
+    import torch
+    from peft import IA3Config, LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM") \
+        if kind == "lora" else IA3Config(target_modules=["v_proj"], feedforward_modules=[], task_type="CAUSAL_LM")
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_path), config)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, scale)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def update(tmp_path_factory, embedded_path):
+    """v1 task model (base + adapter, merged and saved) and the v2 task adapter, on the embedded base."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = tmp_path_factory.mktemp("update")
+    make_adapter(embedded_path, root / "v1_adapter", seed=1)
+    old = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(embedded_path), root / "v1_adapter")
+    old.merge_and_unload().save_pretrained(root / "v1_task")
+    AutoTokenizer.from_pretrained(embedded_path).save_pretrained(root / "v1_task")
+    make_adapter(embedded_path, root / "v2_adapter", seed=2)
+    return root

@@ -20,6 +20,23 @@ import torch
 from trl.trainer.utils import add_fused_lm_head  # noqa: F401  (re-exported for adaptguard.talr.trainer)
 
 
+def prepare_frozen_model(model, trainer):
+    """Prepare a frozen model beside the trained one (TALR's KL reference, MUSCLE's old teacher) the way TRL prepares
+    its reference and teacher models: under DeepSpeed ZeRO-3 and FSDP sharded like the student
+    (`trl.models.prepare_deepspeed` / `prepare_fsdp`, the latter `fully_shard` for FSDP2), else on the device.
+    `accelerator.prepare_model(evaluation_mode=True)` alone would keep a whole copy on every FSDP rank."""
+    model.requires_grad_(False).eval()
+    if trainer.is_deepspeed_enabled:
+        from trl.models import prepare_deepspeed
+
+        return prepare_deepspeed(model, trainer.accelerator)
+    if trainer.is_fsdp_enabled:
+        from trl.models.utils import prepare_fsdp
+
+        return prepare_fsdp(model, trainer.accelerator)
+    return trainer.accelerator.prepare_model(model, evaluation_mode=True)
+
+
 def default_bf16(config) -> None:
     """TRL's configs turn `bf16` on unless told otherwise (`bf16=None` becomes `not fp16` in
     trl/trainer/base_config.py), which transformers refuses on a machine without bf16 support. Leave an explicit

@@ -8,9 +8,10 @@ from trl import SFTTrainer
 from trl.models.utils import _ForwardRedirection
 
 from ..plugins import get_muscle_mask
-from ..trl_adapter import SFTBookkeeping
+from ..trl_adapter import SFTBookkeeping, prepare_frozen_model
 from ..utils.checks import check_completions, check_tokenizer_fits
 from ..utils.labels import IGNORE_INDEX, shifted_labels
+from ..utils.sharding import full_tensor
 from .config import MUSCLEConfig
 from .logit_cache import LogitCache, row_fingerprint
 from .losses import muscle_token_loss_chunked
@@ -63,7 +64,10 @@ def output_head(model) -> LMHead:
     as TRL's DistillationTrainer reads them). TRL's SFTTrainer refuses a PEFT adapter on the LM head, so the
     weight is the head's own."""
     layer = model.get_output_embeddings()
-    weight, bias = layer.weight, getattr(layer, "bias", None)
+    # Under FSDP2 a head outside its model's forward is a sharded DTensor: gathered once here (an all-gather; its
+    # backward reduce-scatters), as TRL's DistillationTrainer does. Inside the forward it is already whole.
+    weight, bias = full_tensor(layer.weight), getattr(layer, "bias", None)
+    bias = None if bias is None else full_tensor(bias)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     scale = getattr(config, "logit_scale", None)
     if scale is None:
@@ -121,6 +125,7 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             self.old_cache = LogitCache(args.old_logits_cache)
             self.old_cache.check(processing_class, model.get_output_embeddings().weight.shape[0])
             super().__init__(_load_lora(model, args.new_adapter), args, *pos_args, **kwargs)
+            self._forward_redirection = _ForwardRedirection()
             self.old_model = None
             if self.train_dataset is not None:  # every training row must be cached: fail before training
                 rows = self.train_dataset.select_columns(["input_ids", "labels"])
@@ -143,13 +148,8 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
                              "a shared vocabulary")
 
         super().__init__(_load_lora(model, args.new_adapter), args, *pos_args, **kwargs)
-        old_model.requires_grad_(False).eval()
-        if self.is_deepspeed_enabled:
-            from trl.models import prepare_deepspeed
-
-            self.old_model = prepare_deepspeed(old_model, self.accelerator)
-        else:
-            self.old_model = self.accelerator.prepare_model(old_model, evaluation_mode=True)
+        self._forward_redirection = _ForwardRedirection()
+        self.old_model = prepare_frozen_model(old_model, self)
 
     @torch.no_grad()
     def teacher_logits(self, model, model_inputs, labels):
@@ -184,7 +184,10 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         if self.old_cache is not None:
             return self.cached_old_topk(model_inputs, labels), new
         old_model = self.accelerator.unwrap_model(self.old_model)
-        return (last_hidden_state(old_model, model_inputs), output_head(old_model)), new
+        # Through the old model's own wrapper, as TRL runs a teacher's backbone: FSDP/DeepSpeed gather its sharded
+        # parameters in the wrapper's forward, which calling the backbone directly would skip
+        old_hidden = self._forward_redirection(self.old_model, old_model, last_hidden_state, old_model, model_inputs)
+        return (old_hidden, output_head(old_model)), new
 
     def _tiled_loss(self, peft_model, inputs, labels, shifted):
         """Runs inside the wrapper's forward (`_ForwardRedirection`), so DDP prepares its gradient reduction."""
@@ -203,8 +206,6 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         valid = shifted != IGNORE_INDEX
         outputs = None
         if args.loss_implementation == "tiled":
-            if not hasattr(self, "_forward_redirection"):
-                self._forward_redirection = _ForwardRedirection()
             per_token, ce, m, student_top1 = self._forward_redirection(
                 model, self.accelerator.unwrap_model(model), self._tiled_loss, self.accelerator.unwrap_model(model),
                 inputs, labels, shifted)

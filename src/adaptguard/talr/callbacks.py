@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import TrainerCallback
 
 from ..utils.figures import new_figure, save_figure
@@ -17,6 +18,16 @@ from ..utils.files import atomic_write_text, replace_dir
 from .losses import wise_ft_interpolate
 
 logger = logging.getLogger(__name__)
+
+
+def _retie(model, state_dict: dict[str, torch.Tensor]) -> None:
+    """Point tied weights (e.g. an LM head tied to the input embeddings) at their source's entry again, so that
+    `save_pretrained` stores the source once; interpolation replaced only the source's tensor."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PeftModel's transformers model
+    prefix = "" if base is model else "base_model.model."
+    for target, source in (getattr(base, "all_tied_weights_keys", None) or {}).items():
+        if prefix + source in state_dict:
+            state_dict[prefix + target] = state_dict[prefix + source]
 
 
 class WiseFTCallback(TrainerCallback):
@@ -49,9 +60,9 @@ class WiseFTCallback(TrainerCallback):
             logger.warning("WiseFTCallback was added after the Trainer was built: θ₀ = the weights at train start.")
             self.on_init_end(args, state, control, model=model)
 
-    def interpolated(self, model) -> dict[str, torch.Tensor]:
-        params = dict(model.named_parameters())
-        finetuned = {n: params[n].detach().cpu() for n in self.init}
+    def interpolated(self, finetuned: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`(1 − α) θ₀ + α θ_ft` for the trained parameters, from the fine-tuned weights {name: whole tensor}."""
+        finetuned = {n: finetuned[n].detach().cpu() for n in self.init if n in finetuned}
         mixed = wise_ft_interpolate(self.init, finetuned, self.alpha)
         for name in self.init:
             if "lora_A" in name:
@@ -62,29 +73,26 @@ class WiseFTCallback(TrainerCallback):
         return mixed
 
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
-        if not state.is_world_process_zero or model is None:
+        if model is None:
             return
-        params = dict(model.named_parameters())
-        mixed = self.interpolated(model)
+        # The whole weights, on the CPU of the main process. Under FSDP2 they are sharded: gathering them is
+        # collective, so every rank takes part; the others get an empty dict.
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not state.is_world_process_zero:
+            return
+        state_dict = {**full, **self.interpolated(full)}
+        _retie(model, state_dict)
         target = Path(args.output_dir) / self.subdir
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.subdir}-", dir=target.parent))
-        backup = {n: params[n].detach().clone() for n in mixed}
         try:
-            with torch.no_grad():
-                for n, value in mixed.items():
-                    params[n].copy_(value)
-            model.save_pretrained(tmp, safe_serialization=True)
+            model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
             if processing_class is not None:
                 processing_class.save_pretrained(tmp)
             (tmp / "wise_ft.json").write_text(json.dumps({"alpha": self.alpha}))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        finally:
-            with torch.no_grad():
-                for n, value in backup.items():
-                    params[n].copy_(value)
         replace_dir(tmp, target)
         logger.info("Wise-FT (alpha=%s) checkpoint written to %s", self.alpha, target)
 

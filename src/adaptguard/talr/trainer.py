@@ -14,8 +14,9 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from ..plugins import get_token_weighting
-from ..trl_adapter import SFTBookkeeping, add_fused_lm_head
+from ..trl_adapter import SFTBookkeeping, add_fused_lm_head, prepare_frozen_model
 from ..utils.checks import check_completions, check_tokenizer_fits
+from ..utils.sharding import full_tensor, is_sharded, shard_like, sum_over_ranks
 from .callbacks import TokenAnalysisCallback, WiseFTCallback
 from .config import TALRConfig
 from .losses import flow_sequence_weights, k3_kl, l2_to_init, sequence_mean_nll
@@ -101,11 +102,11 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
         if args.flow:
             self.data_collator = _FlowCollator(self.data_collator)
         unwrapped = self.accelerator.unwrap_model(self.model)
-        self._trainable = [(n, p) for n, p in unwrapped.named_parameters() if p.requires_grad]
-        if args.l2_lambda > 0:
-            self._init_params = [p.detach().clone() for _, p in self._trainable]
+        trainable = [(n, p) for n, p in unwrapped.named_parameters() if p.requires_grad]
+        # θ₀ by name, taken before the model is prepared (FSDP2 shards it in place) or a checkpoint is resumed
+        self._init_params = {n: p.detach().clone() for n, p in trainable} if args.l2_lambda > 0 else None
         if args.wise_ft_alpha is not None:
-            self.add_callback(WiseFTCallback(args.wise_ft_alpha, init_params=self._trainable))
+            self.add_callback(WiseFTCallback(args.wise_ft_alpha, init_params=trainable))
         if args.token_analysis:
             self.add_callback(TokenAnalysisCallback(self))
         self.ref_model = None
@@ -125,12 +126,7 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
             ref = copy.deepcopy(source)
             ref.__dict__.pop("forward", None)  # drop the policy's patched forward, patch the copy itself
         add_fused_lm_head(ref)
-        ref.requires_grad_(False).eval()
-        if self.is_deepspeed_enabled:
-            from trl.models import prepare_deepspeed
-
-            return prepare_deepspeed(ref, self.accelerator)
-        return self.accelerator.prepare_model(ref, evaluation_mode=True)
+        return prepare_frozen_model(ref, self)
 
     def extra_signature_columns(self) -> list[str]:
         return ["flow_weight"] if self.args.flow else []  # the per-row FLOW weight reaches the collator
@@ -192,6 +188,31 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
             os.replace(tmp, folder / FLOW_WEIGHTS_NAME)
 
     # ------------------------------------------------------------------------------------------ loss
+    def l2_distance_to_init(self) -> torch.Tensor:
+        """`Σ (θ − θ₀)²` over the trainable parameters (0-d), the same value on every rank.
+
+        Under FSDP2 a parameter is a sharded `DTensor` outside its module's forward and whole inside it (the root
+        module keeps its parameters whole from the forward to the backward). A sharded one is compared with the
+        same shard of θ₀ (sliced once; θ₀'s whole copy is then dropped) and these terms are all-reduced once; a
+        whole one is the same on every rank and counted once. Each parameter's gradient is its own term, as
+        without sharding (FSDP averages the whole parameters' identical gradients over the ranks)."""
+        params = dict(self.accelerator.unwrap_model(self.model).named_parameters())
+        sharded, whole = [], []
+        for name, p0 in self._init_params.items():
+            p = params[name]
+            if is_sharded(p):
+                if not is_sharded(p0):
+                    p0 = self._init_params[name] = shard_like(p0, p)
+                sharded.append((p.to_local(), p0.to_local()))
+            else:
+                whole.append((p, full_tensor(p0)))  # θ₀ gathered only if a sharded parameter is whole again
+        l2 = torch.zeros((), device=self.accelerator.device)
+        if whole:
+            l2 = l2 + l2_to_init(*zip(*whole))
+        if sharded:
+            l2 = l2 + sum_over_ranks(l2_to_init(*zip(*sharded)))
+        return l2
+
     @torch.no_grad()
     def _reference_log_probs(self, model, inputs) -> torch.Tensor:
         if self.ref_model is not None:
@@ -226,7 +247,7 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
         if mode == "train":
             if args.l2_lambda > 0:
                 # Once per optimizer step, identical on every rank (DDP averages it back to itself)
-                l2 = l2_to_init([p for _, p in self._trainable], self._init_params)
+                l2 = self.l2_distance_to_init()
                 loss = loss + args.l2_lambda * l2 / steps
                 self.log_metric(mode, "talr/l2", l2.item())
             if self.aux_loss_enabled:
