@@ -61,6 +61,26 @@ def tiny(embedded_path):
     return AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
 
 
+def launch_two_processes(script, *argv, config=None, timeout: int = 900):
+    """`accelerate launch` of `script` on two CPU processes (gloo): DDP, or as the accelerate `config` file says. On
+    failure the message shows every error line of both ranks, not only the tail of the launcher's summary (a crash
+    in one rank is otherwise hidden behind the other's warnings)."""
+    import re
+    import subprocess
+    import sys
+
+    mode = ["--config_file", str(config)] if config else ["--multi_gpu", "--num_machines", "1", "--dynamo_backend", "no"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", "2", "--mixed_precision", "no",
+           "--main_process_port", str(free_port()), str(script), *map(str, argv)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        errors = [line for line in proc.stderr.splitlines()
+                  if re.search(r"Error|error:|Exception|terminate|what\(\)|abort|Traceback", line)]
+        pytest.fail(f"accelerate launch {script} exited with {proc.returncode}:\n" + "\n".join(errors[:60])
+                    + "\n--- end of stderr ---\n" + proc.stderr[-2000:])
+    return proc
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, cpu_args, free_port
+from conftest import ROOT, cpu_args, launch_two_processes
 from datasets import Dataset
 from test_compat_trainer import compat_args
 from test_talr_trainer import ROWS
@@ -55,6 +55,7 @@ for name, options in variants.items():
     trainer = build_talr(path, f"{{out}}/{{name}}", options, batch_size=4, prepare_args=on_cpu)
     trainer.train()
     finish(trainer, out, name, trainer.ref_model)
+trainer.accelerator.end_training()
 """
 
 MUSCLE_SCRIPT = COMMON + """
@@ -63,6 +64,7 @@ for name, options in variants.items():
     trainer = build_muscle(path, update, f"{{out}}/{{name}}", options, batch_size=4, prepare_args=on_cpu)
     trainer.train()
     finish(trainer, out, name, trainer.old_model)
+trainer.accelerator.end_training()
 """
 
 # Every TALRTrainer method of the issue: TALR (full), L2-to-init, KL to a frozen copy and to the PEFT base, FLOW,
@@ -108,10 +110,7 @@ def build_muscle(path, update, out, options, batch_size, prepare_args=lambda arg
 def launch(tmp_path, script, *argv):
     file = tmp_path / "launched.py"
     file.write_text(script.format(tests=str(ROOT / "tests")))
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG), "--num_processes", "2",
-           "--mixed_precision", "no", "--main_process_port", str(free_port()), str(file), *map(str, argv)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    launch_two_processes(file, *argv, config=FSDP_CONFIG)
 
 
 def logged(history, key):

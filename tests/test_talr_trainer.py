@@ -1,12 +1,10 @@
 import json
 import logging
 import statistics
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, cpu_args, free_port
+from conftest import ROOT, cpu_args, launch_two_processes
 from datasets import Dataset
 
 from adaptguard import TALRConfig, TALRTrainer
@@ -117,6 +115,8 @@ assert trainer.accelerator.num_processes == 2, trainer.accelerator.num_processes
 if trainer.accelerator.is_main_process:
     from safetensors.torch import save_file
     save_file({{n: p.detach().contiguous() for n, p in trainer.model.named_parameters()}}, out + "/params.safetensors")
+trainer.accelerator.wait_for_everyone()
+trainer.accelerator.end_training()
 """
 
 
@@ -128,11 +128,7 @@ def test_two_processes_give_the_big_batch_update(embedded_path, tmp_path):
     script.write_text(DDP_SCRIPT.format(tests=str(ROOT / "tests")))
     out = tmp_path / "ddp"
     out.mkdir()
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(script), str(embedded_path), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_two_processes(script, embedded_path, out)
     ddp = load_file(out / "params.safetensors")
     tok = AutoTokenizer.from_pretrained(embedded_path)
     init = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(embedded_path).named_parameters()}
@@ -164,6 +160,7 @@ trainer.train()
 # one file per rank: two processes printing to one pipe can interleave their lines
 rank = trainer.accelerator.process_index
 open(f"{{out}}/rank{{rank}}.json", "w").write(json.dumps({{"rank": rank, "eval_forwards": len(scored)}}))
+trainer.accelerator.end_training()
 """
 
 
@@ -173,11 +170,7 @@ def test_token_analysis_runs_on_every_rank(embedded_path, tmp_path):
     script = tmp_path / "ta.py"
     script.write_text(TOKEN_ANALYSIS_DDP_SCRIPT.format(tests=str(ROOT / "tests")))
     out = tmp_path / "ta"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(script), str(embedded_path), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_two_processes(script, embedded_path, out)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     # before training and after each of 2 epochs, 4 rows in batches of 2: 3 x 2 forwards on each rank
     assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["eval_forwards"] == 6 for r in ranks), ranks
