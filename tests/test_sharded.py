@@ -213,3 +213,25 @@ def test_wise_ft_checkpoint_keeps_tied_weights_tied(embedded_path, tmp_path):
     assert (tuned - init).abs().max() > 1e-4
     torch.testing.assert_close(wise.get_input_embeddings().weight, expected, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(wise.get_output_embeddings().weight, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("deepspeed_stage, fsdp_version, refused", [
+    (3, None, "deepspeed-zero3"), (2, None, None), (None, 1, "fsdp1"), (None, 2, None), (None, None, None)])
+def test_partitionings_the_baselines_cannot_read_are_refused(deepspeed_stage, fsdp_version, refused):
+    """ZeRO-3 and FSDP1 partition parameters into flat shards that L2, Wise-FT and the tiled MUSCLE loss cannot read
+    (DeepSpeed does not run here, so the check is tested on the accelerator state it reads)."""
+    from types import SimpleNamespace
+
+    from adaptguard.trl_adapter import partitioning, refuse_partitioning
+
+    state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=deepspeed_stage),
+                            fsdp_plugin=SimpleNamespace(fsdp_version=fsdp_version))
+    trainer = SimpleNamespace(is_deepspeed_enabled=deepspeed_stage is not None, is_fsdp_enabled=fsdp_version is not None,
+                              accelerator=SimpleNamespace(state=state))
+    assert partitioning(trainer) == (refused if refused else (f"fsdp{fsdp_version}" if fsdp_version else None))
+    refuse_partitioning(trainer, [])  # nothing in use: nothing to refuse
+    if refused:
+        with pytest.raises(ValueError, match=rf"l2_lambda, wise_ft_alpha: not supported with {refused}.*FSDP2"):
+            refuse_partitioning(trainer, ["l2_lambda", "wise_ft_alpha"])
+    else:
+        refuse_partitioning(trainer, ["l2_lambda", "wise_ft_alpha"])

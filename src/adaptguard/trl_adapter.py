@@ -37,6 +37,26 @@ def prepare_frozen_model(model, trainer):
     return trainer.accelerator.prepare_model(model, evaluation_mode=True)
 
 
+def partitioning(trainer) -> str | None:
+    """How the trainer's accelerator partitions the parameters: "deepspeed-zero3", "fsdp1", "fsdp2", or None when
+    every rank holds them whole (single process, DDP, ZeRO-1/2)."""
+    if trainer.is_deepspeed_enabled:
+        return "deepspeed-zero3" if trainer.accelerator.state.deepspeed_plugin.zero_stage == 3 else None
+    if trainer.is_fsdp_enabled:
+        return f"fsdp{trainer.accelerator.state.fsdp_plugin.fsdp_version}"
+    return None
+
+
+def refuse_partitioning(trainer, features: list[str]) -> None:
+    """Refuse the config `features` in use (e.g. ["l2_lambda"]) when the parameters are partitioned in a way they do
+    not handle: they read whole parameters or FSDP2's DTensor shards, not ZeRO-3's or FSDP1's flat partitions."""
+    kind = partitioning(trainer)
+    if features and kind in ("deepspeed-zero3", "fsdp1"):
+        raise ValueError(f"{', '.join(features)}: not supported with {kind} (parameters partitioned into flat "
+                         "shards); use FSDP2 (`fsdp_version: 2`, examples/accelerate_configs/fsdp.yaml) or DeepSpeed "
+                         "ZeRO-1/2 (examples/accelerate_configs/deepspeed_zero2.yaml)")
+
+
 def default_bf16(config) -> None:
     """TRL's configs turn `bf16` on unless told otherwise (`bf16=None` becomes `not fp16` in
     trl/trainer/base_config.py), which transformers refuses on a machine without bf16 support. Leave an explicit

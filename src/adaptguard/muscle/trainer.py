@@ -8,7 +8,7 @@ from trl import SFTTrainer
 from trl.models.utils import _ForwardRedirection
 
 from ..plugins import get_muscle_mask
-from ..trl_adapter import SFTBookkeeping, prepare_frozen_model
+from ..trl_adapter import SFTBookkeeping, prepare_frozen_model, refuse_partitioning
 from ..utils.checks import check_completions, check_tokenizer_fits
 from ..utils.labels import IGNORE_INDEX, shifted_labels
 from ..utils.sharding import full_tensor
@@ -126,6 +126,7 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             self.old_cache.check(processing_class, model.get_output_embeddings().weight.shape[0])
             super().__init__(_load_lora(model, args.new_adapter), args, *pos_args, **kwargs)
             self._forward_redirection = _ForwardRedirection()
+            self._check_partitioning()
             self.old_model = None
             if self.train_dataset is not None:  # every training row must be cached: fail before training
                 rows = self.train_dataset.select_columns(["input_ids", "labels"])
@@ -149,7 +150,12 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
 
         super().__init__(_load_lora(model, args.new_adapter), args, *pos_args, **kwargs)
         self._forward_redirection = _ForwardRedirection()
+        self._check_partitioning()
         self.old_model = prepare_frozen_model(old_model, self)
+
+    def _check_partitioning(self) -> None:
+        # The tiled loss reads the LM heads' weights outside their modules' forward: whole, or FSDP2 DTensors
+        refuse_partitioning(self, ["loss_implementation='tiled'"] if self.args.loss_implementation == "tiled" else [])
 
     @torch.no_grad()
     def teacher_logits(self, model, model_inputs, labels):

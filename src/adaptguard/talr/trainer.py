@@ -14,7 +14,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from ..plugins import get_token_weighting
-from ..trl_adapter import SFTBookkeeping, add_fused_lm_head, prepare_frozen_model
+from ..trl_adapter import SFTBookkeeping, add_fused_lm_head, prepare_frozen_model, refuse_partitioning
 from ..utils.checks import check_completions, check_tokenizer_fits
 from ..utils.sharding import full_tensor, is_sharded, shard_like, sum_over_ranks
 from .callbacks import TokenAnalysisCallback, WiseFTCallback
@@ -101,6 +101,8 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
         self._flow_weights: torch.Tensor | None = None
         if args.flow:
             self.data_collator = _FlowCollator(self.data_collator)
+        refuse_partitioning(self, [name for name, used in (("l2_lambda", args.l2_lambda > 0),
+                                                           ("wise_ft_alpha", args.wise_ft_alpha is not None)) if used])
         unwrapped = self.accelerator.unwrap_model(self.model)
         trainable = [(n, p) for n, p in unwrapped.named_parameters() if p.requires_grad]
         # θ₀ by name, taken before the model is prepared (FSDP2 shards it in place) or a checkpoint is resumed
