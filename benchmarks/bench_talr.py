@@ -2,13 +2,16 @@
 
     python benchmarks/bench_talr.py                  # vocab 32k, seq 512, batch 4, 20 paired steps
     python benchmarks/bench_talr.py --steps 40 --seq 1024
+    python benchmarks/bench_talr.py --kl-beta 0.001 --vocab 131072 --seq 1024 --batch 1   # TALR + KL to a frozen copy
 
 Both trainers train identical tiny Llama models (built from config, vocabulary ≥ 32k so the LM head
 and loss matter) on the same batch. Step time = forward + backward + optimizer step through each
 trainer's own `training_step`; the two alternate (A/B, then B/A) and the script prints the median of
 the paired ratios. Peak memory: `torch.cuda.max_memory_allocated` on a GPU; on CPU, the peak RSS
 growth of a fresh subprocess per variant (alternated, median of 3). Goals: `talr_step_time_ratio`
-≤ 1.03, `talr_peak_memory_ratio` ≤ 1.02.
+≤ 1.03, `talr_peak_memory_ratio` ≤ 1.02. With `--kl-beta β` the TALR side adds the k3 KL to a frozen copy of
+the model, whose label log-probabilities also come from TRL's fused LM head (no (B, L, V) logits): its extra cost
+is the reference's forward, and its memory should stay flat in the vocabulary.
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ def build(variant: str, args, out: str):
         trainer = SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=Dataset.from_list(rows),
                              processing_class=tok)
     else:
-        trainer = TALRTrainer(model=model, args=TALRConfig(**common), train_dataset=Dataset.from_list(rows),
-                              processing_class=tok)
+        trainer = TALRTrainer(model=model, args=TALRConfig(**common, kl_beta=args.kl_beta),
+                              train_dataset=Dataset.from_list(rows), processing_class=tok)
     trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
     trainer.current_gradient_accumulation_steps = 1
     batch = next(iter(trainer.get_train_dataloader()))
@@ -118,6 +121,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--memory-repeats", type=int, default=3)
+    parser.add_argument("--kl-beta", type=float, default=0.0, help="TALR side with the KL baseline (frozen copy)")
     parser.add_argument("--_memory-child", dest="memory_child", choices=["sft", "talr"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -144,7 +148,7 @@ def main() -> None:
 
     peaks = {"sft": [], "talr": []}
     cmd = [sys.executable, __file__, "--vocab", str(args.vocab), "--seq", str(args.seq), "--batch", str(args.batch),
-           "--hidden", str(args.hidden), "--layers", str(args.layers)]
+           "--hidden", str(args.hidden), "--layers", str(args.layers), "--kl-beta", str(args.kl_beta)]
     for i in range(args.memory_repeats):
         for variant in (["sft", "talr"] if i % 2 == 0 else ["talr", "sft"]):
             out = subprocess.run([*cmd, "--_memory-child", variant], capture_output=True, text=True, check=True,
@@ -157,7 +161,7 @@ def main() -> None:
         "talr_step_seconds_median": round(statistics.median(t_talr), 4),
         "sft_peak_growth_mib": round(statistics.median(peaks["sft"]) / 2**20, 1),
         "talr_peak_growth_mib": round(statistics.median(peaks["talr"]) / 2**20, 1),
-        "paired_steps": args.steps, "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
+        "kl_beta": args.kl_beta, "paired_steps": args.steps, "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
         "device": "cuda" if torch.cuda.is_available() else "cpu", "torch_threads": torch.get_num_threads(),
     }
     for key, value in result.items():
