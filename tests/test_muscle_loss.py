@@ -59,6 +59,25 @@ def test_masks_follow_their_definitions():
         torch.testing.assert_close(apply_mask(get_muscle_mask(name), x), (want & valid).float(), msg=name)
 
 
+def test_a_mask_asking_for_what_masks_are_not_given_is_refused_by_name():
+    """A plugin mask written for full logits fails with the field it asked for and the fields it can have; an
+    AttributeError of the mask's own making is left as it is."""
+    torch.manual_seed(0)
+    x = muscle_mask_inputs(*(torch.randn(1, 3, 5) for _ in range(3)), torch.randint(0, 5, (1, 3)))
+
+    def wants_logits(inputs):
+        return inputs.old_logits.argmax(-1) == inputs.labels
+
+    with pytest.raises(ValueError, match=r"'wants_logits' reads 'old_logits'.*labels, valid, student_top1"):
+        apply_mask(wants_logits, x)
+
+    def buggy(inputs):
+        return inputs.labels.no_such_tensor_method()
+
+    with pytest.raises(AttributeError, match="no_such_tensor_method"):
+        apply_mask(buggy, x)
+
+
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
 def test_chunked_matches_reference_in_value_and_gradient(mask, chunk):

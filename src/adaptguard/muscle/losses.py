@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import torch
@@ -68,9 +68,16 @@ def muscle_mask_inputs(student_logits, old_logits, new_logits, labels, chunk_siz
 
 def apply_mask(mask: MaskFn, inputs: MaskInputs) -> torch.Tensor:
     """m (B, T) float in {0, 1}: 1 = align to the old model, 0 = to the new one; 0 off `valid`."""
-    m = mask(inputs)
+    name = getattr(mask, "__name__", repr(mask))
+    try:
+        m = mask(inputs)
+    except AttributeError as err:
+        if err.obj is not inputs:
+            raise
+        # e.g. a plugin written for full logits: the tiled loss never builds them, so no path can give them
+        raise ValueError(f"MUSCLE mask {name!r} reads {err.name!r}, which a mask is not given: it sees only "
+                         f"{', '.join(f.name for f in fields(MaskInputs))} (per token, no logits)") from err
     if m.shape != inputs.labels.shape:
-        name = getattr(mask, "__name__", repr(mask))
         raise ValueError(f"MUSCLE mask {name!r} returned shape {tuple(m.shape)}, expected {tuple(inputs.labels.shape)}")
     return (m.bool() & inputs.valid).float()
 
