@@ -34,16 +34,21 @@ sys.path.insert(0, {tests!r})
 from test_sharded import ROWS, build_talr, build_muscle
 
 def on_cpu(args):
+    if DEEPSPEED:  # accelerate hands DeepSpeed a gloo group when asked for one (and use_cpu is off)
+        args.use_cpu, args.ddp_backend = False, "gloo"
+        return args
     args.device  # sets up the (gloo) process group
     PartialState().distributed_type = DistributedType.MULTI_GPU  # so that accelerate applies the FSDP plugin
     return args
 
 def finish(trainer, out, name, frozen):
     acc = trainer.accelerator
-    assert acc.distributed_type == DistributedType.FSDP and acc.num_processes == 2, acc.distributed_type
-    sharded = {{"model": isinstance(next(trainer.model.parameters()), DTensor),
-               "frozen": None if frozen is None else all(isinstance(p, DTensor) for p in frozen.parameters())}}
-    state = acc.get_state_dict(trainer.model)  # collective: every rank
+    expected = DistributedType.DEEPSPEED if DEEPSPEED else DistributedType.FSDP
+    assert acc.distributed_type == expected and acc.num_processes == 2, acc.distributed_type
+    is_shard = (lambda p: hasattr(p, "ds_id")) if DEEPSPEED else (lambda p: isinstance(p, DTensor))  # ZeRO-3 / FSDP2
+    sharded = {{"model": is_shard(next(trainer.model.parameters())),
+               "frozen": None if frozen is None else all(is_shard(p) for p in frozen.parameters())}}
+    state = acc.get_state_dict(trainer.model_wrapped if DEEPSPEED else trainer.model)  # collective: every rank
     if acc.is_main_process:
         save_file({{n: p.detach().clone().contiguous() for n, p in state.items()}}, f"{{out}}/{{name}}.safetensors")
         Path(f"{{out}}/{{name}}.json").write_text(json.dumps({{"log": trainer.state.log_history, "sharded": sharded}}))
@@ -51,8 +56,11 @@ def finish(trainer, out, name, frozen):
 
 TALR_SCRIPT = COMMON + """
 path, out, variants = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+DEEPSPEED = len(sys.argv) > 4
 for name, options in variants.items():
-    trainer = build_talr(path, f"{{out}}/{{name}}", options, batch_size=4, prepare_args=on_cpu)
+    # under ZeRO-3 the reference is loaded partitioned from its path, not copied from the (partitioned) model
+    ref = path if DEEPSPEED and options.get("kl_beta") and not options.get("lora") else None
+    trainer = build_talr(path, f"{{out}}/{{name}}", options, batch_size=4, prepare_args=on_cpu, ref_model=ref)
     trainer.train()
     finish(trainer, out, name, trainer.ref_model)
 trainer.accelerator.end_training()
@@ -60,11 +68,23 @@ trainer.accelerator.end_training()
 
 MUSCLE_SCRIPT = COMMON + """
 path, update, out, variants = sys.argv[1], Path(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+DEEPSPEED = len(sys.argv) > 5
 for name, options in variants.items():
     trainer = build_muscle(path, update, f"{{out}}/{{name}}", options, batch_size=4, prepare_args=on_cpu)
     trainer.train()
     finish(trainer, out, name, trainer.old_model)
 trainer.accelerator.end_training()
+"""
+
+KL_REFUSED_SCRIPT = COMMON + """
+DEEPSPEED = True
+try:
+    build_talr(sys.argv[1], sys.argv[2], {{"kl_beta": 0.5}}, batch_size=4, prepare_args=on_cpu)
+except ValueError as err:
+    assert "ref_model='<path or Hub id" in str(err), err
+else:
+    raise AssertionError("kl_beta under ZeRO-3 without a reference path was accepted")
+PartialState().destroy_process_group()  # a gloo group left at exit aborts the process ("terminate called ...")
 """
 
 # Every TALRTrainer method of the issue: TALR (full), L2-to-init, KL to a frozen copy and to the PEFT base, FLOW,
@@ -76,7 +96,7 @@ TALR_VARIANTS = {
 }
 
 
-def build_talr(path, out, options, batch_size, prepare_args=lambda args: args):
+def build_talr(path, out, options, batch_size, prepare_args=lambda args: args, **kwargs):
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -90,7 +110,7 @@ def build_talr(path, out, options, batch_size, prepare_args=lambda args: args):
     args = prepare_args(cpu_args(out, max_steps=2, optim="sgd", learning_rate=0.5, lr_scheduler_type="constant",
                                  talr_tau=1.0, per_device_train_batch_size=batch_size, **options))
     return TALRTrainer(model=AutoModelForCausalLM.from_pretrained(path), args=args, train_dataset=Dataset.from_list(ROWS),
-                       processing_class=AutoTokenizer.from_pretrained(path), peft_config=peft)
+                       processing_class=AutoTokenizer.from_pretrained(path), peft_config=peft, **kwargs)
 
 
 def build_muscle(path, update, out, options, batch_size, prepare_args=lambda args: args):
@@ -107,30 +127,27 @@ def build_muscle(path, update, out, options, batch_size, prepare_args=lambda arg
                          processing_class=AutoTokenizer.from_pretrained(path))
 
 
-def launch(tmp_path, script, *argv):
+def launch(tmp_path, script, *argv, config=FSDP_CONFIG):
     file = tmp_path / "launched.py"
     file.write_text(script.format(tests=str(ROOT / "tests")))
-    launch_two_processes(file, *argv, config=FSDP_CONFIG)
+    launch_two_processes(file, *argv, config=config)
 
 
 def logged(history, key):
     return [h[key] for h in history if key in h]
 
 
-def test_talr_methods_under_fsdp2_give_the_big_batch_update(embedded_path, tmp_path):
+def assert_talr_runs_equal_one_process(embedded_path, tmp_path, out, variants, partitioned: bool):
+    """Each launched run (files in `out`) against one process on the whole batch."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
-    out = tmp_path / "fsdp"
-    launch(tmp_path, TALR_SCRIPT, embedded_path, out, json.dumps(TALR_VARIANTS))
-    init = dict(AutoModelForCausalLM.from_pretrained(embedded_path).named_parameters())
-    for name, options in TALR_VARIANTS.items():
+    for name, options in variants.items():
         trainer = build_talr(embedded_path, tmp_path / "single" / name, options, batch_size=8)
         start = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         trainer.train()
         sharded = load_file(out / f"{name}.safetensors")
         report = json.loads((out / f"{name}.json").read_text())
-        assert report["sharded"]["model"], name  # the student really was sharded
+        assert report["sharded"]["model"] is partitioned, name  # the student really was sharded (or not, ZeRO-2)
         moved = 0.0
         for n, p in trainer.model.named_parameters():
             if n in start:
@@ -144,10 +161,20 @@ def test_talr_methods_under_fsdp2_give_the_big_batch_update(embedded_path, tmp_p
         if "kl_beta" in options:
             assert logged(report["log"], "talr/kl") == pytest.approx(logged(history, "talr/kl"), rel=1e-3, abs=1e-9)
             # a frozen copy is sharded like the student; under PEFT the reference is the base (no copy)
-            assert report["sharded"]["frozen"] is (None if options.get("lora") else True), name
+            assert report["sharded"]["frozen"] is (None if options.get("lora") else partitioned), name
         if "l2_lambda" in options:
             l2 = logged(report["log"], "talr/l2")
             assert l2[0] == 0.0 and l2[1] > 0 and l2 == pytest.approx(logged(history, "talr/l2"), rel=1e-4)
+
+
+def test_talr_methods_under_fsdp2_give_the_big_batch_update(embedded_path, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "fsdp"
+    launch(tmp_path, TALR_SCRIPT, embedded_path, out, json.dumps(TALR_VARIANTS))
+    init = dict(AutoModelForCausalLM.from_pretrained(embedded_path).named_parameters())
+    assert_talr_runs_equal_one_process(embedded_path, tmp_path, out, TALR_VARIANTS, partitioned=True)
     # Wise-FT from the sharded model: a whole checkpoint, loadable, equal to the one-process checkpoint
     wise = AutoModelForCausalLM.from_pretrained(out / "wise_ft" / "wise-ft")
     single = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "single" / "wise_ft" / "wise-ft").named_parameters())
@@ -187,6 +214,35 @@ def test_muscle_under_fsdp2_gives_the_big_batch_update(embedded_path, update, tm
         assert moved > 1e-3, name
         history = trainer.state.log_history
         assert logged(report["log"], "compat/kl") == pytest.approx(logged(history, "compat/kl"), rel=1e-4), name
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_talr_and_muscle_under_deepspeed_give_the_big_batch_update(embedded_path, update, tmp_path, stage):
+    """DeepSpeed ZeRO-2 and ZeRO-3 on 2 CPU processes (gloo), with the shipped configs. ZeRO-2 partitions optimizer
+    states and gradients only, so every method runs; ZeRO-3 partitions the parameters too: TALR, KL (the reference
+    loaded partitioned from its path, or the PEFT base) and MUSCLE's full-logits path run, L2, Wise-FT and the tiled
+    MUSCLE loss are refused (test_partitionings_the_baselines_cannot_read_are_refused). DeepSpeed is an optional
+    dependency (an sdist): skipped where it is not installed."""
+    pytest.importorskip("deepspeed")
+    from safetensors.torch import load_file
+
+    config = ROOT / "examples" / "accelerate_configs" / f"deepspeed_zero{stage}.yaml"
+    talr = TALR_VARIANTS if stage == 2 else {k: v for k, v in TALR_VARIANTS.items() if k in ("talr", "kl", "kl_lora")}
+    out = tmp_path / "ds"
+    launch(tmp_path, TALR_SCRIPT, embedded_path, out, json.dumps(talr), "deepspeed", config=config)
+    assert_talr_runs_equal_one_process(embedded_path, tmp_path, out, talr, partitioned=stage == 3)
+
+    if stage == 3:  # the partitioned model cannot be copied into a reference: a clear error, before training
+        launch(tmp_path, KL_REFUSED_SCRIPT, embedded_path, tmp_path / "refused", config=config)
+    muscle = {"logits": {"loss_implementation": "logits"}} if stage == 3 else {"tiled": {}}
+    launch(tmp_path, MUSCLE_SCRIPT, embedded_path, update, out, json.dumps(muscle), "deepspeed", config=config)
+    for name, options in muscle.items():
+        trainer = build_muscle(embedded_path, update, tmp_path / "single" / name, options, batch_size=8)
+        trainer.train()
+        sharded = load_file(out / f"{name}.safetensors")
+        for n, p in trainer.model.named_parameters():
+            if ".default." in n:
+                torch.testing.assert_close(sharded[n], p.detach(), rtol=1e-4, atol=1e-7, msg=n)
 
 
 def test_l2_refuses_initial_weights_it_does_not_have(tmp_path):

@@ -14,7 +14,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from ..plugins import get_token_weighting
-from ..trl_adapter import SFTBookkeeping, add_fused_lm_head, prepare_frozen_model, refuse_partitioning
+from ..trl_adapter import SFTBookkeeping, add_fused_lm_head, partitioning, prepare_frozen_model, refuse_partitioning
 from ..utils.checks import check_completions, check_tokenizer_fits
 from ..utils.sharding import full_tensor, is_sharded, shard_like, sum_over_ranks
 from .callbacks import TokenAnalysisCallback, WiseFTCallback
@@ -113,6 +113,10 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
             self.add_callback(TokenAnalysisCallback(self))
         self.ref_model = None
         if args.kl_beta > 0 and not _is_peft(unwrapped):
+            if partitioning(self) == "deepspeed-zero3" and not isinstance(ref_model, str):
+                raise ValueError("kl_beta under DeepSpeed ZeRO-3: the model's parameters are already partitioned, so the "
+                                 "KL reference cannot be copied from it; pass ref_model='<path or Hub id of the initial "
+                                 "model>' (loaded partitioned, as TRL loads reference models)")
             self.ref_model = self._build_ref_model(ref_model if ref_model is not None else unwrapped)
         elif ref_model is not None:
             raise ValueError("ref_model is only used with kl_beta > 0 and a non-PEFT model "
