@@ -1,11 +1,12 @@
-"""TALR and MUSCLE under FSDP2, launched as users launch them: `accelerate launch --config_file
-examples/accelerate_configs/fsdp.yaml`, two CPU processes on gloo. Each run must give the update of one process
+"""TALR and MUSCLE under FSDP2 and DeepSpeed, launched as users launch them: `accelerate launch --config_file
+examples/accelerate_configs/<fsdp|deepspeed_zero2|deepspeed_zero3>.yaml`, two CPU processes on gloo. Each run must give the update of one process
 on the whole batch, as the DDP tests check for data parallelism.
 
 accelerate turns FSDP on only for an accelerator's process group (`AcceleratorState` lists MULTI_GPU, MULTI_XPU, …
 but not MULTI_CPU), although FSDP2 itself (`fully_shard`, DTensors, gloo's all-gather and reduce-scatter) runs on
 the CPU. The launched script therefore marks its gloo process group as a GPU one before the trainer is built
-(`on_cpu`); nothing else differs from a GPU run. DeepSpeed is not run here (see docs/talr.md)."""
+(`on_cpu`); nothing else differs from a GPU run. DeepSpeed gets a gloo group through `ddp_backend="gloo"`; its
+test is skipped where `deepspeed` is not installed (it is not a dependency; see docs/talr.md)."""
 
 import json
 import subprocess
