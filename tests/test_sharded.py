@@ -1,6 +1,6 @@
 """TALR and MUSCLE under FSDP2 and DeepSpeed, launched as users launch them: `accelerate launch --config_file
-examples/accelerate_configs/<fsdp|deepspeed_zero2|deepspeed_zero3>.yaml`, two CPU processes on gloo. Each run must give the update of one process
-on the whole batch, as the DDP tests check for data parallelism.
+examples/accelerate_configs/<fsdp|deepspeed_zero2|deepspeed_zero3>.yaml`, two CPU processes on gloo. Each run
+must give the update of one process on the whole batch, as the DDP tests check for data parallelism.
 
 accelerate turns FSDP on only for an accelerator's process group (`AcceleratorState` lists MULTI_GPU, MULTI_XPU, …
 but not MULTI_CPU), although FSDP2 itself (`fully_shard`, DTensors, gloo's all-gather and reduce-scatter) runs on
