@@ -17,39 +17,11 @@ def embedded_path() -> Path:
     return embedded_model_path("tiny")
 
 
-_tiny_v2_build = None
-
-
-@pytest.hookimpl(trylast=True)  # after -k/-m deselection: only the tests that will run count
-def pytest_collection_modifyitems(session, config, items):
-    """On a fresh machine the embedded "tiny-v2" takes minutes to build, on one core (its build is single-threaded):
-    start it in the background as soon as a selected test needs it, so that the tests before it run meanwhile.
-    The build runs in its own process: importing transformers from two threads of one process can deadlock."""
-    global _tiny_v2_build
-    if config.getoption("collectonly"):
-        return
-    if any("tiny_v2_path" in getattr(item, "fixturenames", ()) for item in items):
-        import subprocess
-        import sys
-
-        _tiny_v2_build = subprocess.Popen([sys.executable, "-c", "from adaptguard.experiments.embedded import "
-                                           "embedded_model_path; embedded_model_path('tiny-v2')"])
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """A build no test waited for (e.g. the run stopped at the first failure) stops with the session; it builds
-    into a temporary folder, so nothing half-built is left."""
-    if _tiny_v2_build is not None and _tiny_v2_build.poll() is None:
-        _tiny_v2_build.terminate()
-
-
 @pytest.fixture(scope="session")
 def tiny_v2_path() -> Path:
-    """The embedded "tiny-v2" (the updated base of the model-update tests), once its background build is done."""
+    """The embedded "tiny-v2" (the updated base of the model-update tests), shipped with the package."""
     from adaptguard.experiments.embedded import embedded_model_path
 
-    if _tiny_v2_build is not None and _tiny_v2_build.wait() != 0:
-        pytest.fail(f"building the embedded tiny-v2 failed (exit {_tiny_v2_build.returncode}); see its output above")
     return embedded_model_path("tiny-v2")
 
 

