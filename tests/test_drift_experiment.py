@@ -218,3 +218,16 @@ def test_bad_input_names_the_field_and_writes_nothing(tmp_path, overrides, field
     with pytest.raises(ValueError, match=field):
         dx.run_drift_experiment(tmp_path / "out", **overrides)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_demo_sweep_beside_other_work_gives_this_process_results(tmp_path, micro_result, capsys):
+    """`adaptguard demo` runs the drift sweep in a child process beside the composition section: the same runs as
+    here (one thread each, same kernels), every run ticked on the bar drawn in this process."""
+    from adaptguard.experiments.demo import _drift_beside
+
+    _, here, _ = micro_result
+    with _drift_beside(tmp_path / "drift", **MICRO) as result:
+        beside = result()
+    assert [run["loss"] for run in beside["runs"]] == pytest.approx([run["loss"] for run in here["runs"]], rel=1e-6)
+    assert beside["peak_r"] == here["peak_r"] and (tmp_path / "drift" / "drift.json").exists()
+    assert "drift: training runs: 100%" in capsys.readouterr().err.replace("\r", "\n")

@@ -13,6 +13,7 @@ import logging
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -262,19 +263,70 @@ def markdown_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _drift_section(out: Path, repetitions: int | None = None) -> dict:
-    from ..drift.theory import theorem_a2_argmax
+_drift_ticks = None  # in the drift child process: the queue each finished run is reported on
+
+
+def _drift_child_start(ticks) -> None:
+    global _drift_ticks
+    _drift_ticks = ticks
+
+
+def _drift_child(out: Path, overrides: dict) -> dict:
     from ..utils.threads import torch_threads
     from .drift import run_drift_experiment
 
-    say("  similarity drift sweep (quick) ...")
     with torch_threads(1):
-        drift = run_drift_experiment(out, quick=True, **({"repetitions": repetitions} if repetitions else {}))
-    # the CLI defaults of `adaptguard drift bound` (App. B's sizes; lambda, mu free)
-    drift["bound_argmax"] = theorem_a2_argmax(n=116384, d=64, alpha_i=0.1408, alpha_j=0.8592, delta=0.2, k_mis=1.0,
-                                              lambda_l=0.5, mu_l=0.09)
-    say(f"  drift: highest loss at r = {drift['peak_r']:.3f}")
-    return drift
+        return run_drift_experiment(out, quick=True, show_progress=False, progress=lambda run: _drift_ticks.put(1),
+                                    **overrides)
+
+
+@contextmanager
+def _drift_beside(out: Path, repetitions: int | None = None, **overrides):
+    """The quick drift sweep (paper 000 App. B) in a child process while the sections after it run here. Every
+    section trains on one thread (its models are too small to gain from two), so the second core is otherwise
+    idle; the sweep's results are those of a run in this process. Yields a function that waits for the section's
+    result; the sweep's bar is drawn here, from the child's ticks, beside the bars of this process. `overrides`
+    change the quick sweep's settings (`run_drift_experiment`)."""
+    import multiprocessing
+    import queue
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    from ..drift.theory import theorem_a2_argmax
+    from .drift import DriftExperimentConfig
+
+    overrides = {**overrides, **({"repetitions": repetitions} if repetitions else {})}
+    config = DriftExperimentConfig.quick(**overrides)
+    total = config.repetitions * len(config.similarities)
+    ctx = multiprocessing.get_context("spawn")  # a forked child would inherit this process's torch thread pools
+    ticks = ctx.Queue()
+    say("  similarity drift sweep (quick), beside the next sections ...")
+    with ProcessPoolExecutor(1, mp_context=ctx, initializer=_drift_child_start, initargs=(ticks,)) as pool:
+        future = pool.submit(_drift_child, out, overrides)
+
+        def draw() -> None:
+            with progress_bar(total, "drift: training runs", unit="run") as bar:
+                while bar.n < total:
+                    try:
+                        ticks.get(timeout=1)
+                        bar.update()
+                    except queue.Empty:
+                        if future.done():
+                            return
+
+        drawer = threading.Thread(target=draw, daemon=True)
+        drawer.start()
+
+        def result() -> dict:
+            drift = future.result()
+            drawer.join()
+            # the CLI defaults of `adaptguard drift bound` (App. B's sizes; lambda, mu free)
+            drift["bound_argmax"] = theorem_a2_argmax(n=116384, d=64, alpha_i=0.1408, alpha_j=0.8592, delta=0.2,
+                                                      k_mis=1.0, lambda_l=0.5, mu_l=0.09)
+            say(f"  drift: highest loss at r = {drift['peak_r']:.3f}")
+            return drift
+
+        yield result
 
 
 def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int | None = None) -> dict:
@@ -367,17 +419,19 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
             update = run_update(tiny_preset(str(out / "update")))
             say(f"  NFR v1->v2 {update['nfr']:.3f}, v1->v2+compat {update['nfr_compat']:.3f}")
     drift = composition = None
-    if not quick:  # paper 000 App. B, the quick sweep, written to OUT/drift/
-        drift = _drift_section(out / "drift", len(seed_range) if seed_range else None)
-    if not quick:  # paper 001 Ch. 4 on the embedded model, written to OUT/composition/
-        from .composition import run_composition_demo, run_composition_seeds
+    # paper 000 App. B, the quick sweep, written to OUT/drift/, beside paper 001 Ch. 4 (OUT/composition/)
+    with (nullcontext() if quick else _drift_beside(out / "drift", len(seed_range) if seed_range else None)) \
+            as drift_result:
+        if not quick:
+            from .composition import run_composition_demo, run_composition_seeds
 
-        say("  compositional in-context learning ...")
-        if seed_range and len(seed_range) > 1:
-            composition = run_composition_seeds(out / "composition", seeds=seed_range)
-        else:
-            composition = run_composition_demo(out / "composition")
-            composition.pop("predictions", None)  # kept in composition/composition.json
+            say("  compositional in-context learning ...")
+            if seed_range and len(seed_range) > 1:
+                composition = run_composition_seeds(out / "composition", seeds=seed_range)
+            else:
+                composition = run_composition_demo(out / "composition")
+                composition.pop("predictions", None)  # kept in composition/composition.json
+            drift = drift_result()
     command = ("adaptguard demo" + (" --quick" if quick else "") + (f" --seeds {len(seed_range)}" if seed_range else "")
                + f" --out {out_dir}")
     report = {

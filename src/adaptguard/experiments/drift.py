@@ -398,11 +398,12 @@ def plot_drift(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
 
 
 def run_drift_experiment(out_dir: str | os.PathLike[str], *, quick: bool = False, progress: Any = None,
-                         **overrides: Any) -> dict[str, Any]:
+                         show_progress: bool = True, **overrides: Any) -> dict[str, Any]:
     """Run the sweep over r x repetitions and write ``out_dir/drift.json`` and ``out_dir/drift.png``.
 
     ``overrides`` replace fields of ``DriftExperimentConfig()`` (or of ``.quick()``), e.g. ``steps=100``;
-    an unknown name raises ValueError. ``progress``, if given, is called with each finished run's dict.
+    an unknown name raises ValueError. ``progress``, if given, is called with each finished run's dict;
+    ``show_progress=False`` draws no bar (a caller drawing its own from ``progress``).
     The JSON holds ``r``, ``loss_mean``, ``loss_min``, ``loss_max``, ``accuracy_mean``, the per-repetition
     ``losses``/``accuracies`` (one list per r), every run (``runs``), ``peak_r`` (the r of the largest mean
     loss), ``bayes_loss_mean`` (``bayes_next_bit_loss`` per r), ``optimal_loss`` (-ln(1-delta), the loss of the
@@ -416,7 +417,8 @@ def run_drift_experiment(out_dir: str | os.PathLike[str], *, quick: bool = False
     out = Path(out_dir)
     start = time.perf_counter()
     runs = []
-    with progress_bar(config.repetitions * len(config.similarities), "drift: training runs", unit="run") as bar:
+    with progress_bar(config.repetitions * len(config.similarities), "drift: training runs", unit="run",
+                      show=show_progress) as bar:
         for repetition in range(config.repetitions):
             for r in config.similarities:
                 runs.append(run_single(config, r, repetition))

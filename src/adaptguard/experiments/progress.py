@@ -12,11 +12,11 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 
-def progress_bar(total: int, desc: str, unit: str = "step") -> tqdm:
-    """A bar on stderr for `total` units of `desc`; use it as a context manager."""
+def progress_bar(total: int, desc: str, unit: str = "step", show: bool = True) -> tqdm:
+    """A bar on stderr for `total` units of `desc` (`show=False`: none); use it as a context manager."""
     tty = sys.stderr.isatty()
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True,
-                mininterval=1.0 if tty else 30.0)
+                mininterval=1.0 if tty else 30.0, disable=not show)
 
 
 def say(line: str) -> None:
