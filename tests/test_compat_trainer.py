@@ -285,3 +285,78 @@ def test_example_script(embedded_path, update, tmp_path):
     saved = json.loads((out / "adapter_config.json").read_text())
     assert saved["peft_type"] == "LORA"
     assert not (out / "muscle_new_teacher").exists()
+
+
+def test_streaming_dataset_trains_the_student_only(embedded_path, update, tmp_path):
+    """A `datasets.IterableDataset` (streaming) trains MUSCLE as it trains SFTTrainer (issue 27): finite losses,
+    the student adapter moves, the new teacher's copy and the base do not."""
+    from transformers import AutoTokenizer
+
+    from adaptguard import MUSCLETrainer
+
+    trainer = MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path, update / "v2_adapter", max_steps=2,
+                                                                       old_model=str(update / "v1_task")),
+                            train_dataset=Dataset.from_list(ROWS).to_iterable_dataset(),
+                            processing_class=AutoTokenizer.from_pretrained(embedded_path))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+    moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)}
+    assert moved and all(".default." in n for n in moved)
+
+
+CUSTOM_CODE = """from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+
+class CustomLlamaTokenizer(PreTrainedTokenizerFast):
+    pass
+
+
+class CustomLlamaConfig(LlamaConfig):
+    model_type = "custom_llama"
+
+
+class CustomLlamaForCausalLM(LlamaForCausalLM):
+    config_class = CustomLlamaConfig
+"""
+
+
+def test_model_init_kwargs_trust_remote_code_reaches_every_loader(embedded_path, update, tmp_path):
+    """Models given by path load as SFTTrainer loads them (issue 27): `model_init_kwargs={"trust_remote_code": True}`
+    reaches the v2 model, its tokenizer and the old model, here a checkpoint whose classes live in its own code
+    file; without it the load is refused (transformers never asks on stdin)."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from adaptguard import MUSCLETrainer
+
+    custom = tmp_path / "custom"
+    shutil.copytree(embedded_path, custom)
+    (custom / "custom_llama.py").write_text(CUSTOM_CODE)
+    config = json.loads((custom / "config.json").read_text())
+    config.update(model_type="custom_llama", architectures=["CustomLlamaForCausalLM"],
+                  auto_map={"AutoConfig": "custom_llama.CustomLlamaConfig",
+                            "AutoModelForCausalLM": "custom_llama.CustomLlamaForCausalLM"})
+    (custom / "config.json").write_text(json.dumps(config))
+    tokenizer_config = json.loads((custom / "tokenizer_config.json").read_text())
+    tokenizer_config.update(tokenizer_class="CustomLlamaTokenizer",
+                            auto_map={"AutoTokenizer": [None, "custom_llama.CustomLlamaTokenizer"]})
+    (custom / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    rows = Dataset.from_list(ROWS)
+
+    def build(**kw):
+        return MUSCLETrainer(model=str(custom), args=compat_args(tmp_path / "out", update / "v2_adapter",
+                                                                 old_model=str(custom), **kw), train_dataset=rows)
+
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        build()
+    trainer = build(model_init_kwargs={"trust_remote_code": True, "dtype": "float32"})
+    assert type(trainer.model.base_model.model).__name__ == "CustomLlamaForCausalLM"
+    assert type(trainer.accelerator.unwrap_model(trainer.old_model)).__name__ == "CustomLlamaForCausalLM"
+    assert type(trainer.processing_class).__name__ == "CustomLlamaTokenizer"
+    assert trainer.processing_class.get_vocab() == AutoTokenizer.from_pretrained(embedded_path).get_vocab()
+    trainer.model.train()
+    assert torch.isfinite(trainer.compute_loss(trainer.model, dict(next(iter(trainer.get_train_dataloader())))))

@@ -1,5 +1,6 @@
 import json
 import logging
+import math
 import statistics
 
 import pytest
@@ -423,6 +424,49 @@ def test_plain_sft_config_is_accepted(tiny, tmp_path):
     args = SFTConfig(output_dir=str(tmp_path), bf16=False, use_cpu=True, report_to="none", max_steps=1)
     trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
     assert isinstance(trainer.args, TALRConfig) and trainer.args.weighting == "talr" and trainer.args.max_steps == 1
+
+
+def test_sft_config_loss_type_dft_is_trls_dft(embedded_path, tmp_path):
+    """`SFTConfig(loss_type="dft")` keeps its meaning with TALRTrainer (issue 27): the `dft` weighting, whose loss
+    and gradient on a batch equal SFTTrainer's DFT on the same model and batch, and an independent formula."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from adaptguard.trl_adapter import no_activation_checkpointing
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    losses, grads = {}, {}
+    for name, cls in (("ours", TALRTrainer), ("trl", SFTTrainer)):
+        model = AutoModelForCausalLM.from_pretrained(embedded_path)
+        args = SFTConfig(output_dir=str(tmp_path / name), bf16=False, use_cpu=True, report_to="none", seed=0,
+                         per_device_train_batch_size=8, loss_type="dft", **no_activation_checkpointing())
+        trainer = cls(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+        batch = first_batch(trainer)
+        trainer.model.train()
+        loss = trainer.compute_loss(trainer.model, dict(batch))
+        loss.backward()
+        losses[name], grads[name] = loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+        if name == "ours":
+            assert trainer.args.weighting == "dft" and trainer.args.loss_type == "nll"
+            nll, mask = independent_token_nll(model, batch)
+            assert loss.item() == pytest.approx(((-nll).exp() * nll)[mask].sum().item() / mask.sum().item(), rel=1e-4)
+    assert losses["ours"] == pytest.approx(losses["trl"], rel=1e-5)
+    for n in grads["ours"]:
+        torch.testing.assert_close(grads["ours"][n], grads["trl"][n], rtol=1e-4, atol=1e-7, msg=n)
+    with pytest.raises(ValueError, match="loss_type='dft' selects weighting='dft'.*weighting='none'"):
+        TALRConfig(output_dir=str(tmp_path), bf16=False, loss_type="dft", weighting="none")
+
+
+def test_streaming_dataset_trains(tiny, tmp_path):
+    """A `datasets.IterableDataset` (streaming) trains as with SFTTrainer: no length is asked of it (issue 27)."""
+    model, tok = tiny
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, max_steps=2),
+                          train_dataset=Dataset.from_list(ROWS).to_iterable_dataset(), processing_class=tok)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(math.isfinite(x) and x > 0 for x in losses)
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
 
 def test_token_analysis_records_curriculum(tiny, tmp_path):

@@ -20,6 +20,30 @@ import torch
 from trl.trainer.utils import add_fused_lm_head  # noqa: F401  (re-exported for adaptguard.talr.trainer)
 
 
+def load_model(name: str, args):
+    """A model given by name or path, loaded as SFTTrainer loads its `model` string: TRL's `create_model_from_path`
+    with `args.model_init_kwargs` (dtype strings such as "bfloat16" included), `args.trust_remote_code` unless those
+    kwargs set it, and no `device_map` under DDP/DeepSpeed (TRL: "auto" fails there). Used for MUSCLE's v2 and old
+    models and TALR's KL reference."""
+    from trl.trainer.utils import create_model_from_path
+
+    kwargs = dict(args.model_init_kwargs or {})
+    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED"):
+        kwargs["device_map"] = None
+    return create_model_from_path(name, **kwargs)
+
+
+def load_tokenizer(name: str, args):
+    """The tokenizer of a model given by name or path, as SFTTrainer loads its processing class (revision and
+    `trust_remote_code` from the arguments, so transformers never asks on stdin)."""
+    from transformers import AutoTokenizer
+
+    kwargs = args.model_init_kwargs or {}
+    return AutoTokenizer.from_pretrained(name, revision=kwargs.get("revision"),
+                                         trust_remote_code=kwargs.get("trust_remote_code", args.trust_remote_code))
+
+
 def prepare_frozen_model(model, trainer):
     """Prepare a frozen model beside the trained one (TALR's KL reference, MUSCLE's old teacher) the way TRL prepares
     its reference and teacher models: under DeepSpeed ZeRO-3 and FSDP sharded like the student

@@ -8,7 +8,7 @@ from trl import SFTTrainer
 from trl.models.utils import _ForwardRedirection
 
 from ..plugins import get_muscle_mask
-from ..trl_adapter import SFTBookkeeping, prepare_frozen_model, refuse_partitioning
+from ..trl_adapter import SFTBookkeeping, load_model, load_tokenizer, prepare_frozen_model, refuse_partitioning
 from ..utils.checks import check_completions, check_tokenizer_fits
 from ..utils.labels import IGNORE_INDEX, shifted_labels
 from ..utils.sharding import full_tensor
@@ -98,7 +98,6 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
     def __init__(self, model, args: MUSCLEConfig | None = None, *pos_args, old_model=None,
                  old_processing_class=None, **kwargs):
         from peft import PeftModel
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if not isinstance(args, MUSCLEConfig):
             raise TypeError("MUSCLETrainer needs a MUSCLEConfig (with new_adapter)")
@@ -111,10 +110,10 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         if isinstance(model, PeftModel):
             raise ValueError("pass the new base model, not a PeftModel: the adapters come from args.new_adapter")
         if isinstance(model, str):
-            model = AutoModelForCausalLM.from_pretrained(model, **(args.model_init_kwargs or {}))
+            model = load_model(model, args)
         processing_class = kwargs.get("processing_class")
         if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
+            processing_class = load_tokenizer(model.config._name_or_path, args)
             kwargs["processing_class"] = processing_class
         check_tokenizer_fits(processing_class, model)
 
@@ -136,10 +135,10 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             if args.old_model is None:
                 raise ValueError("give the old (v1) task model: MUSCLETrainer(old_model=...), MUSCLEConfig.old_model "
                                  "or MUSCLEConfig.old_logits_cache")
-            old_model = AutoModelForCausalLM.from_pretrained(args.old_model, **(args.model_init_kwargs or {}))
+            old_model = load_model(args.old_model, args)
             if args.old_adapter is not None:
                 old_model = PeftModel.from_pretrained(old_model, args.old_adapter).merge_and_unload()
-            old_processing_class = old_processing_class or AutoTokenizer.from_pretrained(args.old_model)
+            old_processing_class = old_processing_class or load_tokenizer(args.old_model, args)
         if old_processing_class is not None:
             check_same_vocabulary(old_processing_class, processing_class)
         old_vocab = old_model.get_output_embeddings().weight.shape[0]

@@ -26,7 +26,8 @@ class TALRConfig(SFTConfig):
     weighting: str = field(
         default="talr",
         metadata={"help": "Token-weighting scheme, by plugin name: `talr` (default), `none` (plain SFT), `dft`, "
-                  "or any scheme registered through the `adaptguard_token_weightings` hook."},
+                  "or any scheme registered through the `adaptguard_token_weightings` hook. SFTConfig's "
+                  "`loss_type='dft'` selects `dft`."},
     )
     weighting_kwargs: dict[str, Any] | str | None = field(
         default=None,
@@ -83,6 +84,11 @@ class TALRConfig(SFTConfig):
     def __post_init__(self):
         default_bf16(self)  # on a machine without bf16, TRL's default would refuse to start
         super().__post_init__()
+        if self.loss_type == "dft":  # SFTConfig's DFT is the `dft` weighting here: the same loss and gradient
+            if self.weighting not in ("talr", "dft"):
+                raise ValueError(f"loss_type='dft' selects weighting='dft'; it cannot combine with "
+                                 f"weighting={self.weighting!r} (drop one of the two)")
+            self.weighting, self.loss_type = "dft", "nll"
         check_finite(self, ("learning_rate", "talr_tau", "talr_weight_floor", "l2_lambda", "kl_beta", "flow_tau",
                             "wise_ft_alpha"))
         check_weight_floor(self.talr_weight_floor)

@@ -14,7 +14,14 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from ..plugins import get_token_weighting
-from ..trl_adapter import SFTBookkeeping, add_fused_lm_head, partitioning, prepare_frozen_model, refuse_partitioning
+from ..trl_adapter import (
+    SFTBookkeeping,
+    add_fused_lm_head,
+    load_model,
+    partitioning,
+    prepare_frozen_model,
+    refuse_partitioning,
+)
 from ..utils.checks import check_completions, check_tokenizer_fits
 from ..utils.sharding import full_tensor, is_sharded, shard_like, sum_over_ranks
 from .callbacks import TokenAnalysisCallback, WiseFTCallback
@@ -85,9 +92,9 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
                              "(use `weighting=` or a weighting plugin instead).")
         if args.label_smoothing_factor > 0:
             raise ValueError("TALRTrainer does not support label_smoothing_factor > 0.")
-        if args.loss_type != "nll":
-            raise ValueError(f"TALRTrainer replaces loss_type; got loss_type={args.loss_type!r}. "
-                             "For DFT use weighting='dft'.")
+        if args.loss_type != "nll":  # "dft" became weighting="dft" in TALRConfig
+            raise ValueError(f"loss_type={args.loss_type!r}: TALRTrainer takes 'nll' or 'dft' (as SFTTrainer does); "
+                             "other token weightings are `weighting=`")
         self._weighting = get_token_weighting(args.weighting)
         check_completions(kwargs.get("train_dataset", pos_args[1] if len(pos_args) > 1 else None))
         if args.flow and (args.packing or args.padding_free):
@@ -125,9 +132,7 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
     # ----------------------------------------------------------------------------------------- setup
     def _build_ref_model(self, source):
         if isinstance(source, str):
-            from transformers import AutoModelForCausalLM
-
-            ref = AutoModelForCausalLM.from_pretrained(source, **(self.args.model_init_kwargs or {}))
+            ref = load_model(source, self.args)
         else:
             ref = copy.deepcopy(source)
             ref.__dict__.pop("forward", None)  # drop the policy's patched forward, patch the copy itself

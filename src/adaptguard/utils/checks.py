@@ -26,9 +26,10 @@ def _text(value) -> str:
 def check_completions(dataset, name: str = "train_dataset") -> None:
     """Refuse a dataset in which every completion is empty (prompt/completion rows, or chat `messages` whose
     assistant turns are all empty): training would fit only the end-of-sequence token and report accuracy 0.
-    Datasets that are not map-style or have neither column are left alone."""
+    Datasets that are not map-style (a streaming `IterableDataset` has no length: reading it here would consume
+    it) or have neither column are left alone."""
     columns = getattr(dataset, "column_names", None)
-    if not columns or len(dataset) == 0:
+    if not columns or not hasattr(dataset, "__len__") or len(dataset) == 0:
         return
     if "completion" in columns:
         if not any(_text(c).strip() for c in dataset["completion"]):
