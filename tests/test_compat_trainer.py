@@ -360,3 +360,33 @@ def test_model_init_kwargs_trust_remote_code_reaches_every_loader(embedded_path,
     assert trainer.processing_class.get_vocab() == AutoTokenizer.from_pretrained(embedded_path).get_vocab()
     trainer.model.train()
     assert torch.isfinite(trainer.compute_loss(trainer.model, dict(next(iter(trainer.get_train_dataloader())))))
+
+
+def test_compute_metrics_gets_the_students_logits_with_the_tiled_loss(embedded_path, update, tmp_path):
+    """`compute_metrics` works with the tiled loss as with SFTTrainer (issue 27): evaluation hands it the student's
+    logits (here through `preprocess_logits_for_metrics`), and they change neither the loss nor training memory."""
+    from transformers import AutoTokenizer
+
+    from adaptguard import MUSCLETrainer
+
+    def next_token_accuracy(prediction):
+        labels = prediction.label_ids[:, 1:]
+        return {"next_token_acc": float((prediction.predictions[:, :-1] == labels)[labels != -100].mean())}
+
+    trainer = MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path, update / "v2_adapter",
+                                                                       old_model=str(update / "v1_task"),
+                                                                       per_device_eval_batch_size=8),
+                            train_dataset=Dataset.from_list(ROWS), eval_dataset=Dataset.from_list(ROWS),
+                            processing_class=AutoTokenizer.from_pretrained(embedded_path),
+                            compute_metrics=next_token_accuracy,
+                            preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1))
+    with_metrics = trainer.evaluate()
+    batch = next(iter(trainer.get_eval_dataloader()))
+    with torch.no_grad():
+        logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    labels = batch["labels"][:, 1:]
+    valid = labels != -100
+    expected = ((logits.argmax(-1)[:, :-1] == labels) & valid).sum().item() / valid.sum().item()
+    assert with_metrics["eval_next_token_acc"] == pytest.approx(expected)
+    trainer.compute_metrics = trainer.preprocess_logits_for_metrics = None
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(with_metrics["eval_loss"], rel=1e-6)

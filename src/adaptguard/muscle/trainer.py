@@ -244,8 +244,12 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             if args.ce_weight > 0:
                 self.log_metric(mode, "compat/ce", ce_total / count)
         self.count_tokens(inputs, mode)
-        if return_outputs and outputs is None:  # the tiled loss builds no logits to return
-            outputs = {"loss": loss}
+        if return_outputs and outputs is None:
+            # TRL's prediction_step asks for outputs only when compute_metrics or preprocess_logits_for_metrics need
+            # the logits. The tiled loss builds none: the student's are computed here, in evaluation only, without
+            # gradients (as SFTTrainer recomputes them next to its fused head); training never holds them
+            with torch.no_grad():
+                outputs = model(**inputs)
         return (loss, outputs) if return_outputs else loss
 
 
