@@ -1,6 +1,7 @@
 """Real lm-eval runs on local fixtures, for the compatibility tests: an old model (the embedded
-default) and a new one (the same model fine-tuned on another format at a high learning rate, which
-breaks some of its answers), both through the real `lm_eval` CLI with `--log_samples`."""
+default) and a new one (the same model fine-tuned on another format at a high learning rate and taught
+wrong answers to a few task items, so it breaks some answers on every CPU), both through the real `lm_eval`
+CLI with `--log_samples`."""
 
 from __future__ import annotations
 
@@ -75,8 +76,16 @@ def write_tasks(root: Path) -> Path:
     return tasks
 
 
+# Task items the update is taught to answer wrongly (each row repeated), so that it breaks answers of both tasks by
+# construction: the tests' "the update has flips" premises then never hang on which CPU trained it
+WRONG_ROWS = [{"prompt": f"the opposite of {a} is", "completion": f" {d} ."}
+              for (a, _), (_, d) in zip(ANTONYMS[:3], ANTONYMS[1:4])]
+WRONG_ROWS += [{"prompt": f"count : {i} {i + 1} {i + 2}", "completion": f" {i + 9} ."} for i in (3, 7, 11)]
+
+
 def finetune_new_model(embedded_path: Path, out: Path) -> Path:
-    """The 'updated' model: the embedded default after an aggressive fine-tune on the domain format."""
+    """The 'updated' model: the embedded default after an aggressive fine-tune on the domain format, plus
+    `WRONG_ROWS` (wrong answers to 3 items of each task)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
@@ -85,6 +94,7 @@ def finetune_new_model(embedded_path: Path, out: Path) -> Path:
 
     model, tok = AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
     train, _ = domain_split(n_train=160)
+    train += WRONG_ROWS * 8
     args = TALRConfig(output_dir=str(out / "train"), bf16=False, gradient_checkpointing=False, use_cpu=True,
                       report_to="none", save_strategy="no", weighting="none", learning_rate=3e-3,
                       lr_scheduler_type="constant", num_train_epochs=4, per_device_train_batch_size=16,

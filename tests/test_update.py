@@ -259,7 +259,7 @@ def test_ctrl_c_during_update_ends_cleanly(tmp_path, embedded_path):
             for a, b in (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"))]
     config = tmp_path / "update.json"
     config.write_text(json.dumps({"old_base": str(embedded_path), "new_base": str(embedded_path), "train": rows,
-                                  "test": rows, "task_epochs": 100, "batch_size": 4, "max_length": 64,
+                                  "test": rows, "task_epochs": 600, "batch_size": 4, "max_length": 64,
                                   "use_cpu": True}))
     out = tmp_path / "o"
     proc = subprocess.Popen([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--out", str(out)],
@@ -271,7 +271,7 @@ def test_ctrl_c_during_update_ends_cleanly(tmp_path, embedded_path):
             chunk = os.read(proc.stderr.fileno(), 4096)
             assert chunk, f"update ended before the v2 adapter: {err.decode()[-2000:]}"
             err += chunk
-        time.sleep(1)  # v2 trains for 100 steps: seconds, so the signal arrives during its training
+        time.sleep(1)  # v2 trains for 600 steps, >10 s on a fast idle machine: the signal arrives during its training
         proc.send_signal(signal.SIGINT)
         _, rest = proc.communicate(timeout=120)
     finally:
