@@ -64,6 +64,7 @@ for name, options in variants.items():
     trainer = build_talr(path, f"{{out}}/{{name}}", options, batch_size=4, prepare_args=on_cpu, ref_model=ref)
     trainer.train()
     finish(trainer, out, name, trainer.ref_model)
+trainer.accelerator.wait_for_everyone()  # no rank destroys the group while the other still uses it
 trainer.accelerator.end_training()
 """
 
@@ -74,6 +75,7 @@ for name, options in variants.items():
     trainer = build_muscle(path, update, f"{{out}}/{{name}}", options, batch_size=4, prepare_args=on_cpu)
     trainer.train()
     finish(trainer, out, name, trainer.old_model)
+trainer.accelerator.wait_for_everyone()  # no rank destroys the group while the other still uses it
 trainer.accelerator.end_training()
 """
 

@@ -171,6 +171,9 @@ trainer.train()
 # one file per rank: two processes printing to one pipe can interleave their lines
 rank = trainer.accelerator.process_index
 open(f"{{out}}/rank{{rank}}.json", "w").write(json.dumps({{"rank": rank, "eval_forwards": len(scored)}}))
+# no rank destroys the process group while the other may still be in a collective or writing the report (a rank
+# leaving early once aborted the other in a CI run: "terminate called without an active exception")
+trainer.accelerator.wait_for_everyone()
 trainer.accelerator.end_training()
 """
 
