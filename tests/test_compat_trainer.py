@@ -13,7 +13,7 @@ def compat_args(out, new_adapter, **kw):
 
     base = dict(output_dir=str(out), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none",
                 save_strategy="no", logging_steps=1, per_device_train_batch_size=8, disable_tqdm=True, seed=0,
-                new_adapter=str(new_adapter))
+                new_adapter=None if new_adapter is None else str(new_adapter))
     base.update(kw)
     return MUSCLEConfig(**base)
 

@@ -72,7 +72,10 @@ def test_tiled_equals_reference_in_value_and_gradient(mask, token_chunk, vocab_c
     torch.testing.assert_close(out.kl, loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.ce, ce, rtol=1e-5, atol=1e-5)
     assert torch.equal(out.student_top1[labels != -100], zs.argmax(-1)[labels != -100])
+    entropy = torch.distributions.Categorical(logits=zs.float()).entropy()  # independent of the tiles' algebra
+    torch.testing.assert_close(out.student_entropy[labels != -100], entropy[labels != -100], rtol=1e-5, atol=1e-5)
     assert (out.kl[labels == -100] == 0).all() and (out.ce[labels == -100] == 0).all()
+    assert (out.student_entropy[labels == -100] == 0).all()
     backward_both(out, ref)
     for mine, theirs, name in zip(tiled, reference, ("hidden", "weight", "bias")):
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5, msg=name)

@@ -38,12 +38,14 @@ class LMHead(NamedTuple):
 
 class TiledMuscleOutput(NamedTuple):
     """All (B, T) float32 but `student_top1` (long); 0 off the scored positions. `kl` = m·KL_old + (1 − m)·KL_new
-    and `ce` (the cross-entropy of the label) carry gradient; `m` and `student_top1` do not."""
+    and `ce` (the cross-entropy of the label) carry gradient; `m`, `student_top1` and `student_entropy` (of the
+    student's next-token distribution at temperature 1, the `entropy` SFTTrainer logs) do not."""
 
     kl: torch.Tensor
     ce: torch.Tensor
     m: torch.Tensor
     student_top1: torch.Tensor
+    student_entropy: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class _Stats:
         self.max1, self.sum1 = full(-math.inf), full(0.0)  # lse of z (temperature 1): label log-prob, CE
         self.top_value, self.top1 = full(-math.inf), torch.zeros(n, dtype=torch.long, device=device)
         self.label_logit = full(0.0)
+        self.z_sum = None if teacher else full(0.0)  # Σ e^(z − max1)·z: the student's entropy = lse1 − z_sum/sum1
         self.max_t, self.sum_t = full(-math.inf), full(0.0)  # lse of z/T
         self.cross = full(0.0) if teacher else None  # Σ e^(a − max_t)(a − b)
 
@@ -92,7 +95,10 @@ class _Stats:
         self.top_value = torch.where(better, tile_max, self.top_value)
         self.top1 = torch.where(better, tile_arg + v0, self.top1)
         self.max1, scale = _rescale(self.max1, tile_max)
-        self.sum1 = self.sum1 * scale + torch.exp(z - self.max1[:, None]).sum(-1)
+        e1 = torch.exp(z - self.max1[:, None])
+        self.sum1 = self.sum1 * scale + e1.sum(-1)
+        if self.z_sum is not None:
+            self.z_sum = self.z_sum * scale + (e1 * z).sum(-1)
         here = (labels >= v0) & (labels < v0 + width)
         picked = z.gather(1, (labels - v0).clamp(0, width - 1)[:, None])[:, 0]
         self.label_logit = torch.where(here, picked, self.label_logit)
@@ -126,7 +132,7 @@ class _TiledMuscle(torch.autograd.Function):
         post_s, post_new, post_old = spec.post
         sparse = top_logp is not None
         out = {name: torch.zeros(n, dtype=torch.float32, device=device)
-               for name in ("lse1_s", "lse_b", "lse_new", "lse_old", "kl_new", "kl_old", "logp_s", "logp_new",
+               for name in ("lse1_s", "entropy_s", "lse_b", "lse_new", "lse_old", "kl_new", "kl_old", "logp_s", "logp_new",
                             "logp_old")}
         top1 = {name: torch.zeros(n, dtype=torch.long, device=device) for name in ("s", "new", "old")}
         for start in range(0, n, spec.token_chunk):
@@ -156,6 +162,7 @@ class _TiledMuscle(torch.autograd.Function):
             sl = slice(start, start + len(idx))
             lse_b = s.lse_t()
             out["lse1_s"][sl], out["lse_b"][sl] = s.lse1(), lse_b
+            out["entropy_s"][sl] = s.lse1() - s.z_sum / s.sum1
             out["logp_s"][sl], top1["s"][sl] = s.label_logit - s.lse1(), s.top1
             out["lse_new"][sl] = new.lse_t()
             out["kl_new"][sl] = new.cross / new.sum_t - new.lse_t() + lse_b
@@ -186,12 +193,12 @@ class _TiledMuscle(torch.autograd.Function):
         ctx.save_for_backward(h_s, w_s, b_s, h_new, w_new, b_new, h_old, w_old, b_old, top_logp, top_idx, top_rest,
                               rows, y, m, out["lse1_s"], out["lse_b"], out["lse_new"], out["lse_old"])
         ctx.spec = spec
-        student_top1 = inputs.student_top1
-        ctx.mark_non_differentiable(m_grid, student_top1)
-        return grid(kl), grid(ce), m_grid, student_top1
+        student_top1, entropy = inputs.student_top1, grid(out["entropy_s"])
+        ctx.mark_non_differentiable(m_grid, student_top1, entropy)
+        return grid(kl), grid(ce), m_grid, student_top1, entropy
 
     @staticmethod
-    def backward(ctx, g_kl, g_ce, _g_m, _g_top1):
+    def backward(ctx, g_kl, g_ce, _g_m, _g_top1, _g_entropy):
         (h_s, w_s, b_s, h_new, w_new, b_new, h_old, w_old, b_old, top_logp, top_idx, top_rest,
          rows, y, m, lse1_s, lse_b, lse_new, lse_old) = ctx.saved_tensors
         spec = ctx.spec

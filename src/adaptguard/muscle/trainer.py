@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import logging
 import warnings
+from contextlib import contextmanager
 
 import torch
+from datasets import IterableDataset
 from trl import SFTTrainer
 from trl.models.utils import _ForwardRedirection
 
@@ -49,14 +51,51 @@ def _load_lora(base, adapter: str):
     return model
 
 
-def last_hidden_state(model, inputs: dict) -> torch.Tensor:
-    """(B, L, H) hidden states after the final norm, from the model's backbone (the LM head is not run). A
-    `PeftModel` keeps its LoRA layers inside the backbone, so the active adapter applies."""
+def _add_teacher_copy(model) -> None:
+    """Freeze a copy of a `PeftModel`'s active adapter beside it as `muscle_new_teacher`: the student trains the
+    active adapter from its v2 values while the copy keeps them (any PEFT type; the base is shared)."""
+    import copy
+
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    name = model.active_adapter
+    config = copy.deepcopy(model.peft_config[name])
+    config.inference_mode = True
+    model.add_adapter(NEW_TEACHER, config)
+    set_peft_model_state_dict(model, get_peft_model_state_dict(model, adapter_name=name), adapter_name=NEW_TEACHER)
+    model.set_adapter(name)
+
+
+def backbone_outputs(model, inputs: dict):
+    """The model's backbone outputs (`last_hidden_state`: (B, L, H) after the final norm; `router_logits` of an MoE
+    model asked for them); the LM head is not run. A `PeftModel`'s LoRA layers sit inside the backbone, so the
+    active adapter applies (prompt-learning adapters do not: they act in `PeftModel.forward`)."""
     from peft import PeftModel
 
     if isinstance(model, PeftModel):
         model = model.base_model.model
-    return model.base_model(**inputs).last_hidden_state
+    return model.base_model(**inputs)
+
+
+def last_hidden_state(model, inputs: dict) -> torch.Tensor:
+    """(B, L, H) hidden states after the final norm (`backbone_outputs`)."""
+    return backbone_outputs(model, inputs).last_hidden_state
+
+
+def router_aux_loss(model, router_logits, attention_mask) -> torch.Tensor:
+    """An MoE model's load-balancing loss from its router logits, as SFTTrainer's fused head computes it (Mixtral's
+    `load_balancing_loss_func`, which every MoE family of transformers shares)."""
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    config = model.config.get_text_config()
+    return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, attention_mask)
+
+
+def is_prompt_learning(model) -> bool:
+    """Whether `model` is a `PeftModel` whose adapter acts on the inputs (prompt / prefix tuning, prompt encoder)."""
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel) and model.peft_config[model.active_adapter].is_prompt_learning
 
 
 def output_head(model) -> LMHead:
@@ -78,17 +117,20 @@ def output_head(model) -> LMHead:
 
 
 class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
-    r"""MUSCLE (paper 002 §4.1): train a compatibility LoRA adapter on the new base model so that the updated
-    task model keeps the old one's right answers.
+    r"""MUSCLE (paper 002 §4.1): train the new model (v2) so that the updated task model keeps the old one's right
+    answers. Trains the three ways SFTTrainer does; the new teacher is v2 as it was before training:
 
-    - `model`: the new base model (v2), a Hub id, path or `PreTrainedModel` (not a `PeftModel`);
-    - `args.new_adapter`: the v2 task LoRA adapter. The student (adapter `default`) starts from it; a frozen
-      copy (`muscle_new_teacher`) on the same base is the new teacher, reached by switching adapters, so v2
-      is in memory once;
-    - the old teacher: `old_model=` (a model), or `args.old_model` (+ `args.old_adapter`), or a top-k logit
-      cache of it (`args.old_logits_cache`, from `adaptguard cache-logits`), so v1 need not be in memory.
+    - **from v2's task adapter** (the paper's way): `args.new_adapter` (a LoRA adapter on the base `model`), or a
+      `PeftModel` passed as `model`. The student trains that adapter; a frozen copy (`muscle_new_teacher`) on the
+      same base is the new teacher, reached by switching adapters, so v2 is in memory once;
+    - **a fresh adapter** from `peft_config` (LoRA, prompt / prefix tuning, prompt encoder), when v2 has no task
+      adapter (e.g. the update is v2 itself, such as a quantized model): the new teacher is v2 with the adapter
+      disabled;
+    - **full fine-tuning** (no adapter): the new teacher is a frozen copy of v2 (twice v2's memory).
 
-    Same constructor as `SFTTrainer` otherwise (no `peft_config`: the adapter comes from `new_adapter`).
+    The old teacher: `old_model=` (a model, path or Hub id), or `args.old_model` (+ `args.old_adapter`), or a top-k
+    logit cache of it (`args.old_logits_cache`, from `adaptguard cache-logits`), so v1 need not be in memory.
+    Otherwise the constructor is SFTTrainer's.
     """
 
     _tag_names = ["trl", "sft", "adaptguard", "muscle"]
@@ -100,17 +142,19 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         from peft import PeftModel
 
         if not isinstance(args, MUSCLEConfig):
-            raise TypeError("MUSCLETrainer needs a MUSCLEConfig (with new_adapter)")
-        if kwargs.get("peft_config") is not None:
-            raise ValueError("MUSCLETrainer builds its adapter from args.new_adapter; do not pass peft_config")
-        if args.new_adapter is None:
-            raise ValueError("MUSCLEConfig.new_adapter is required: the v2 task LoRA adapter to start from")
+            raise TypeError("MUSCLETrainer needs a MUSCLEConfig (MUSCLE's settings: the old model, the mask ...)")
         self._mask = get_muscle_mask(args.mask)  # unknown names fail before anything loads
         check_completions(kwargs.get("train_dataset", pos_args[1] if len(pos_args) > 1 else None))
-        if isinstance(model, PeftModel):
-            raise ValueError("pass the new base model, not a PeftModel: the adapters come from args.new_adapter")
         if isinstance(model, str):
             model = load_model(model, args)
+        peft_given = kwargs.get("peft_config") is not None
+        if args.new_adapter is not None and (peft_given or isinstance(model, PeftModel)):
+            raise ValueError("MUSCLEConfig.new_adapter is v2's task adapter: pass the base model as `model` and no "
+                             "peft_config (or drop new_adapter and pass the PeftModel, or peft_config for a fresh "
+                             "adapter)")
+        if peft_given and isinstance(model, PeftModel):
+            raise ValueError("model is already a PeftModel (its adapter is v2's task adapter, which MUSCLE trains); "
+                             "do not pass peft_config too")
         processing_class = kwargs.get("processing_class")
         if processing_class is None:
             processing_class = load_tokenizer(model.config._name_or_path, args)
@@ -123,49 +167,97 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
                 raise ValueError("give the old model either as a model (old_model) or as old_logits_cache, not both")
             self.old_cache = LogitCache(args.old_logits_cache)
             self.old_cache.check(processing_class, model.get_output_embeddings().weight.shape[0])
-            super().__init__(_load_lora(model, args.new_adapter), args, *pos_args, **kwargs)
-            self._forward_redirection = _ForwardRedirection()
-            self._check_partitioning()
+        else:
+            old_model = self._load_old_model(old_model, args, old_processing_class, processing_class)
+            old_vocab = old_model.get_output_embeddings().weight.shape[0]
+            new_vocab = model.get_output_embeddings().weight.shape[0]
+            if old_vocab != new_vocab:
+                raise ValueError(f"the old model has {old_vocab} output logits and the new one {new_vocab}: MUSCLE "
+                                 "needs a shared vocabulary")
+
+        # The new teacher: "adapter" (a frozen copy of v2's task adapter), "base" (v2 under a fresh adapter, which
+        # is disabled for it) or "copy" (a frozen copy of the whole v2, for full fine-tuning)
+        new_model = None
+        if args.new_adapter is not None:
+            model, self.new_teacher = _load_lora(model, args.new_adapter), "adapter"
+        elif isinstance(model, PeftModel):
+            _add_teacher_copy(model)
+            self.new_teacher = "adapter"
+        elif peft_given:
+            self.new_teacher = "base"
+        else:
+            import copy
+
+            # before SFTTrainer patches the model's forward or switches on gradient checkpointing
+            new_model, self.new_teacher = copy.deepcopy(model), "copy"
+        super().__init__(model, args, *pos_args, **kwargs)
+        self._forward_redirection = _ForwardRedirection()
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        self._student_adapter = unwrapped.active_adapter if isinstance(unwrapped, PeftModel) else None
+        # Prompt-learning adapters act in PeftModel.forward, which the tiled loss (from the backbone) would skip
+        self._tiled = args.loss_implementation == "tiled" and not is_prompt_learning(unwrapped)
+        if args.loss_implementation == "tiled" and not self._tiled:
+            logger.info("MUSCLE: a prompt-learning adapter acts before the backbone, so the loss is computed from "
+                        "the models' logits (loss_implementation='logits')")
+        self._check_partitioning()
+        self.new_model = None if new_model is None else prepare_frozen_model(new_model, self)
+        if self.old_cache is not None:
             self.old_model = None
-            if self.train_dataset is not None:  # every training row must be cached: fail before training
+            if self.train_dataset is not None and not isinstance(self.train_dataset, IterableDataset):
+                # every training row must be cached: fail before training (a stream is checked batch by batch)
                 rows = self.train_dataset.select_columns(["input_ids", "labels"])
                 self.old_cache.rows_for([row_fingerprint(r["input_ids"], r["labels"]) for r in rows])
-            return
+        else:
+            self.old_model = prepare_frozen_model(old_model, self)
+
+    @staticmethod
+    def _load_old_model(old_model, args, old_processing_class, processing_class):
+        from peft import PeftModel
+
         if old_model is None:
             if args.old_model is None:
                 raise ValueError("give the old (v1) task model: MUSCLETrainer(old_model=...), MUSCLEConfig.old_model "
                                  "or MUSCLEConfig.old_logits_cache")
-            old_model = load_model(args.old_model, args)
+            old_model = args.old_model
+        if isinstance(old_model, str):
+            name = old_model
+            old_model = load_model(name, args)
             if args.old_adapter is not None:
                 old_model = PeftModel.from_pretrained(old_model, args.old_adapter).merge_and_unload()
-            old_processing_class = old_processing_class or load_tokenizer(args.old_model, args)
+            old_processing_class = old_processing_class or load_tokenizer(name, args)
         if old_processing_class is not None:
             check_same_vocabulary(old_processing_class, processing_class)
-        old_vocab = old_model.get_output_embeddings().weight.shape[0]
-        new_vocab = model.get_output_embeddings().weight.shape[0]
-        if old_vocab != new_vocab:
-            raise ValueError(f"the old model has {old_vocab} output logits and the new one {new_vocab}: MUSCLE needs "
-                             "a shared vocabulary")
-
-        super().__init__(_load_lora(model, args.new_adapter), args, *pos_args, **kwargs)
-        self._forward_redirection = _ForwardRedirection()
-        self._check_partitioning()
-        self.old_model = prepare_frozen_model(old_model, self)
+        return old_model
 
     def _check_partitioning(self) -> None:
         # The tiled loss reads the LM heads' weights outside their modules' forward: whole, or FSDP2 DTensors
-        refuse_partitioning(self, ["loss_implementation='tiled'"] if self.args.loss_implementation == "tiled" else [])
+        refuse_partitioning(self, ["loss_implementation='tiled'"] if self._tiled else [])
+
+    @contextmanager
+    def _as_new_teacher(self, model):
+        """The module that computes v2 as it was before training: the frozen adapter copy switched on, the
+        student's adapter disabled, or the frozen copy of v2."""
+        if self.new_teacher == "copy":
+            yield self.new_model
+            return
+        peft_model = self.accelerator.unwrap_model(model)
+        if self.new_teacher == "base":
+            with peft_model.disable_adapter():
+                yield peft_model
+            return
+        peft_model.set_adapter(NEW_TEACHER, inference_mode=True)
+        try:
+            yield peft_model
+        finally:
+            peft_model.set_adapter(self._student_adapter)  # the student again, trainable
 
     @torch.no_grad()
     def teacher_logits(self, model, model_inputs, labels):
-        """(old, new) teachers: new = (B, L, V) logits of the frozen v2 adapter on the student's base; old = the
-        old model's logits, or its cached top-k (`TopKLogProbs`)."""
-        peft_model = self.accelerator.unwrap_model(model)
-        peft_model.set_adapter(NEW_TEACHER, inference_mode=True)
-        try:
-            new_logits = peft_model(**model_inputs).logits
-        finally:
-            peft_model.set_adapter("default")  # the student again, trainable
+        """(old, new) teachers: new = (B, L, V) logits of v2 before training; old = the old model's logits, or its
+        cached top-k (`TopKLogProbs`)."""
+        length = model_inputs["input_ids"].shape[1]
+        with self._as_new_teacher(model) as teacher:
+            new_logits = teacher(**model_inputs).logits[:, -length:]  # a prompt-learning adapter's virtual tokens
         if self.old_cache is None:
             return self.old_model(**model_inputs).logits, new_logits
         return self.cached_old_topk(model_inputs, labels), new_logits
@@ -177,30 +269,38 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         prints = [row_fingerprint(ids[m], lab[m]) for ids, lab, m in zip(model_inputs["input_ids"], labels, mask)]
         return self.old_cache.topk_batch(self.old_cache.rows_for(prints), labels)
 
+    def _frozen_hidden(self, wrapped, model_inputs):
+        """(last hidden states, head) of a frozen model, through its own wrapper, as TRL runs a teacher's backbone:
+        FSDP/DeepSpeed gather its sharded parameters in the wrapper's forward, which calling the backbone directly
+        would skip."""
+        unwrapped = self.accelerator.unwrap_model(wrapped)
+        return (self._forward_redirection(wrapped, unwrapped, last_hidden_state, unwrapped, model_inputs),
+                output_head(unwrapped))
+
     @torch.no_grad()
-    def teacher_hidden(self, peft_model, model_inputs, labels):
-        """(old, new) teachers for the tiled loss: new = (last hidden states, head) of the frozen v2 adapter; old =
-        the same of the old model, or its cached top-k (`TopKLogProbs`)."""
-        peft_model.set_adapter(NEW_TEACHER, inference_mode=True)
-        try:
-            new = last_hidden_state(peft_model, model_inputs), output_head(peft_model)
-        finally:
-            peft_model.set_adapter("default")  # the student again, trainable
+    def teacher_hidden(self, model, model_inputs, labels):
+        """(old, new) teachers for the tiled loss: new = (last hidden states, head) of v2 before training; old = the
+        same of the old model, or its cached top-k (`TopKLogProbs`)."""
+        if self.new_teacher == "copy":
+            new = self._frozen_hidden(self.new_model, model_inputs)
+        else:
+            with self._as_new_teacher(model) as teacher:
+                new = last_hidden_state(teacher, model_inputs), output_head(teacher)
         if self.old_cache is not None:
             return self.cached_old_topk(model_inputs, labels), new
-        old_model = self.accelerator.unwrap_model(self.old_model)
-        # Through the old model's own wrapper, as TRL runs a teacher's backbone: FSDP/DeepSpeed gather its sharded
-        # parameters in the wrapper's forward, which calling the backbone directly would skip
-        old_hidden = self._forward_redirection(self.old_model, old_model, last_hidden_state, old_model, model_inputs)
-        return (old_hidden, output_head(old_model)), new
+        return self._frozen_hidden(self.old_model, model_inputs), new
 
-    def _tiled_loss(self, peft_model, inputs, labels, shifted):
+    def _tiled_loss(self, model, inputs, labels, shifted):
         """Runs inside the wrapper's forward (`_ForwardRedirection`), so DDP prepares its gradient reduction."""
-        old, (new_hidden, new_head) = self.teacher_hidden(peft_model, inputs, labels)
-        out = muscle_token_loss_tiled(last_hidden_state(peft_model, inputs), output_head(peft_model), new_hidden,
-                                      new_head, old, shifted, mask=self._mask, temperature=self.args.temperature,
+        old, (new_hidden, new_head) = self.teacher_hidden(model, inputs, labels)
+        student = backbone_outputs(model, {**inputs, **({"output_router_logits": True} if self.aux_loss_enabled
+                                                         else {})})
+        out = muscle_token_loss_tiled(student.last_hidden_state, output_head(model), new_hidden, new_head, old,
+                                      shifted, mask=self._mask, temperature=self.args.temperature,
                                       token_chunk=self.args.kl_chunk_size, vocab_chunk=self.args.vocab_chunk_size)
-        return out.kl, out.ce, out.m, out.student_top1
+        aux = router_aux_loss(model, student.router_logits, inputs.get("attention_mask")) \
+            if self.aux_loss_enabled else None
+        return out, aux
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"
@@ -210,18 +310,22 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         shifted = shifted_labels(labels)  # shift the labels, not the (large) logits
         valid = shifted != IGNORE_INDEX
         outputs = None
-        if args.loss_implementation == "tiled":
-            per_token, ce, m, student_top1 = self._forward_redirection(
-                model, self.accelerator.unwrap_model(model), self._tiled_loss, self.accelerator.unwrap_model(model),
-                inputs, labels, shifted)
-            ce_sum = ce.sum()
-        else:  # the (B, L, V) logits of all three models, then a chunked KL: for debugging
+        if self._tiled:
+            unwrapped = self.accelerator.unwrap_model(model)
+            out, aux = self._forward_redirection(model, unwrapped, self._tiled_loss, unwrapped, inputs, labels,
+                                                 shifted)
+            per_token, m, student_top1, entropy = out.kl, out.m, out.student_top1, out.student_entropy
+            ce_sum = out.ce.sum()
+        else:  # the (B, L, V) logits of all three models, then a chunked KL: for debugging, prompt learning
             old_logits, new_logits = self.teacher_logits(model, inputs, labels)
-            outputs = model(**inputs)
-            student = outputs.logits
+            outputs = model(**inputs, **({"output_router_logits": True} if self.aux_loss_enabled else {}))
+            aux = outputs.aux_loss if self.aux_loss_enabled else None
+            student = outputs.logits[:, -labels.shape[1]:]  # a prompt-learning adapter's virtual tokens dropped
             per_token, m = muscle_token_loss_chunked(student, old_logits, new_logits, shifted, mask=self._mask,
                                                      temperature=args.temperature, chunk_size=args.kl_chunk_size)
-            student_top1 = student.detach().argmax(-1)
+            with torch.no_grad():
+                student_top1 = student.argmax(-1)
+                entropy = torch.distributions.Categorical(logits=student.float()).entropy() * valid
             ce_sum = torch.nn.functional.cross_entropy(student.reshape(-1, student.shape[-1]).float(),
                                                        shifted.reshape(-1), ignore_index=IGNORE_INDEX,
                                                        reduction="sum") if args.ce_weight > 0 \
@@ -229,21 +333,31 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         total = per_token.sum()
         if args.ce_weight > 0:
             total = total + args.ce_weight * ce_sum
-        loss, _ = self.normalise_token_loss(total, valid.sum(), num_items_in_batch, mode)
+        loss, steps = self.normalise_token_loss(total, valid.sum(), num_items_in_batch, mode)
+        if aux is not None and mode == "train":
+            # as SFTTrainer: a per-micro-batch mean, averaged over the accumulation steps when the Trainer leaves
+            # the accumulation to the loss
+            weighted = self.router_aux_loss_coef * aux
+            loss = loss + (weighted / steps if num_items_in_batch is not None else weighted)
         self.check_finite(loss, mode)
 
         with torch.no_grad():
             correct = (student_top1 == shifted) & valid
             sums = torch.stack([valid.sum().float(), m.sum().float(), correct.sum().float(),
-                                per_token.detach().sum().float(), ce_sum.detach().float()])
-            count, aligned_old, right, kl_sum, ce_total = self.accelerator.gather_for_metrics(sums[None]).sum(0).tolist()
+                                per_token.detach().sum().float(), ce_sum.detach().float(), entropy.sum().float()])
+            gathered = self.accelerator.gather_for_metrics(sums[None]).sum(0).tolist()
+            count, aligned_old, right, kl_sum, ce_total, entropy_sum = gathered
+        # SFTTrainer's metrics, as its compute_loss logs them (0 for a batch without supervised tokens)
+        self.log_metric(mode, "entropy", entropy_sum / count if count else 0.0)
+        self.log_metric(mode, "mean_token_accuracy", right / count if count else 0.0)
         if count:
             self.log_metric(mode, "compat/frac_aligned_old", aligned_old / count)
-            self.log_metric(mode, "mean_token_accuracy", right / count)
             self.log_metric(mode, "compat/kl", kl_sum / count)
             if args.ce_weight > 0:
                 self.log_metric(mode, "compat/ce", ce_total / count)
         self.count_tokens(inputs, mode)
+        if aux is not None:
+            self.log_metric(mode, "aux_loss", self.accelerator.gather_for_metrics(aux.detach()).mean().item())
         if return_outputs and outputs is None:
             # TRL's prediction_step asks for outputs only when compute_metrics or preprocess_logits_for_metrics need
             # the logits. The tiled loss builds none: the student's are computed here, in evaluation only, without
