@@ -19,6 +19,7 @@ _LAZY = {
     "MUSCLETrainer": ".muscle.trainer",
     "CompatConfig": ".muscle.config",  # deprecated aliases of the two above
     "CompatTrainer": ".muscle.trainer",
+    "default_lora_targets": ".utils.lora",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from .talr.callbacks import TokenAnalysisCallback, WiseFTCallback
     from .talr.config import TALRConfig
     from .talr.trainer import TALRTrainer
+    from .utils.lora import default_lora_targets
 
 
 def __getattr__(name: str):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..utils.figures import new_figure, save_figure
 from ..utils.files import atomic_write_text
+from ..utils.lora import default_lora_targets
 from .progress import progress_bar, say
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def train_method(method: Method, lr: float, seed: int, path: str | Path, train_r
         "save_strategy": "no", "per_device_train_batch_size": 16, "num_train_epochs": epochs, "learning_rate": lr,
         "lr_scheduler_type": "constant", "logging_steps": 4, "disable_tqdm": True, "seed": seed,
         "token_analysis": token_analysis, "token_analysis_examples": list(range(8)), **method.config, **overrides})
-    peft_config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM") \
+    peft_config = LoraConfig(r=8, lora_alpha=16, target_modules=default_lora_targets(model), task_type="CAUSAL_LM") \
         if method.lora else None
     trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(train_rows),
                           processing_class=tok, peft_config=peft_config)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..utils.files import atomic_write_text, replace_dir
+from ..utils.lora import default_lora_targets
 from .embedded import EMBEDDED_NAMES, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -226,10 +227,11 @@ def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tok
     with finished_dir(out) as tmp:
         args = TALRConfig(**_training_kwargs(cfg, output_dir=str(tmp / "run"), weighting="none",
                                              learning_rate=cfg.task_learning_rate, num_train_epochs=cfg.task_epochs))
-        trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(base), args=args,
-                              train_dataset=Dataset.from_list(train_rows), processing_class=tokenizer,
+        model = AutoModelForCausalLM.from_pretrained(base)
+        trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(train_rows),
+                              processing_class=tokenizer,
                               peft_config=LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
+                                                     target_modules=default_lora_targets(model), task_type="CAUSAL_LM"))
         trainer.remove_callback(PrinterCallback)
         trainer.add_callback(TrainingProgress(desc))
         trainer.train()
