@@ -204,12 +204,14 @@ def test_data_rows_build_sfttrainers_batches_and_train(row, which, models, tmp_p
 
 
 @pytest.mark.parametrize("row", ["language_modeling", "conversational_prompt_completion", "packing_bfd",
-                                 "padding_free", "assistant_only_loss"])
+                                 "padding_free", "assistant_only_loss", "label_smoothing"])
 def test_talr_without_weighting_is_sfttrainer(row, models, tmp_path):
-    """TALR with weighting="none": the loss and every gradient equal SFTTrainer's on the same batch."""
+    """TALR with weighting="none": the loss and every gradient equal SFTTrainer's on the same batch (label
+    smoothing included)."""
     from transformers import AutoTokenizer
 
-    kind, fields, extra = DATA_ROWS[row]
+    kind, fields, extra = ("messages", {"label_smoothing_factor": 0.1}, {}) if row == "label_smoothing" \
+        else DATA_ROWS[row]
     path, old = models["llama"]
     results = []
     for name in ("sft", "talr"):
@@ -338,3 +340,13 @@ def test_moe_aux_loss_is_added_as_sfttrainer_adds_it(model_type, which, models, 
     trainer.router_aux_loss_coef = 0.0
     without = trainer.compute_loss(trainer.model, dict(batch)).item()
     assert aux > 0 and with_aux - without == pytest.approx(0.5 * aux, rel=1e-4)
+
+
+def test_loss_settings_that_cannot_apply_are_refused_naming_the_alternative(models, tmp_path):
+    path, old = models["llama"]
+    data = Dataset.from_list(rows("messages"))
+    with pytest.raises(ValueError, match="weighting='none'"):
+        make_trainer("talr", str(path), old, tmp_path, {"label_smoothing_factor": 0.1}, train_dataset=data)
+    for fields in ({"label_smoothing_factor": 0.1}, {"loss_type": "dft"}):
+        with pytest.raises(ValueError, match="ce_weight"):
+            make_trainer("muscle", str(path), old, tmp_path, fields, train_dataset=data)

@@ -143,6 +143,13 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
 
         if not isinstance(args, MUSCLEConfig):
             raise TypeError("MUSCLETrainer needs a MUSCLEConfig (MUSCLE's settings: the old model, the mask ...)")
+        # SFTConfig's loss settings that a distillation loss cannot honour: what to use instead
+        if kwargs.get("compute_loss_func") is not None:
+            raise ValueError("MUSCLETrainer computes its own loss (the distillation of eq. 2): do not pass "
+                             "compute_loss_func (use MUSCLEConfig.mask or a mask plugin)")
+        if args.label_smoothing_factor > 0 or args.loss_type != "nll":
+            raise ValueError("MUSCLETrainer's loss distils the old and new models' distributions: label_smoothing_factor "
+                             "and loss_type do not apply (the label term is ce_weight)")
         self._mask = get_muscle_mask(args.mask)  # unknown names fail before anything loads
         check_completions(kwargs.get("train_dataset", pos_args[1] if len(pos_args) > 1 else None))
         if isinstance(model, str):

@@ -90,8 +90,11 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
         if kwargs.get("compute_loss_func") is not None:
             raise ValueError("TALRTrainer computes its own loss: do not pass compute_loss_func "
                              "(use `weighting=` or a weighting plugin instead).")
-        if args.label_smoothing_factor > 0:
-            raise ValueError("TALRTrainer does not support label_smoothing_factor > 0.")
+        if args.label_smoothing_factor > 0 and (args.weighting != "none" or args.kl_beta or args.l2_lambda or args.flow):
+            raise ValueError(f"label_smoothing_factor > 0 spreads each token's loss over the whole vocabulary, while "
+                             f"weighting={args.weighting!r} (and kl_beta, l2_lambda, flow) act on the label's "
+                             "log-probability: label smoothing runs with weighting='none' and none of those (then "
+                             "exactly as SFTTrainer)")
         if args.loss_type != "nll":  # "dft" became weighting="dft" in TALRConfig
             raise ValueError(f"loss_type={args.loss_type!r}: TALRTrainer takes 'nll' or 'dft' (as SFTTrainer does); "
                              "other token weightings are `weighting=`")
@@ -233,6 +236,8 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
             return unwrapped(**inputs, fused_lm_head=True).log_probs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.label_smoother is not None:  # weighting="none" alone (checked in __init__): SFTTrainer's own loss
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         mode = "train" if self.model.training else "eval"
         args = self.args
         inputs["use_cache"] = False
