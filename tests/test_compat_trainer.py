@@ -35,9 +35,6 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path, 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from adaptguard.muscle.losses import muscle_token_loss
-    from adaptguard.muscle.masks import student_wrong
-
     trainer = make_trainer(embedded_path, update, tmp_path, temperature=2.0, ce_weight=0.5,
                            loss_implementation=implementation, vocab_chunk_size=7)
     # make the student differ from its initial (= new teacher) weights, as after some training
@@ -55,14 +52,25 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path, 
         old = AutoModelForCausalLM.from_pretrained(update / "v1_task")(**model_inputs).logits
         new = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(embedded_path),
                                         update / "v2_adapter")(**model_inputs).logits
-    labels = torch.cat([batch["labels"][:, 1:], torch.full_like(batch["labels"][:, :1], -100)], 1)
+    expected, m, labels = reference_loss(student, old, new, batch["labels"], ce_weight=0.5)
+    assert loss == pytest.approx(expected, rel=1e-4)
+    aligned_old = m.sum().item() / (labels != -100).sum().item()
+    assert trainer._metrics["train"]["compat/frac_aligned_old"][-1] == pytest.approx(aligned_old)
+
+
+def reference_loss(student, old, new, labels, ce_weight: float):
+    """MUSCLE's loss (eq. 2, student_wrong mask, T = 2, + ce_weight × CE) from the three models' (B, L, V) logits
+    by the reference formula: (loss, mask (B, L), shifted labels (B, L)). Checks both teachers are used."""
+    from adaptguard.muscle.losses import muscle_token_loss
+    from adaptguard.muscle.masks import student_wrong
+
+    labels = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], 1)
     per_token, m = muscle_token_loss(student, old, new, labels, student_wrong, temperature=2.0)
     n = (labels != -100).sum()
     ce = torch.nn.functional.cross_entropy(student.reshape(-1, student.shape[-1]), labels.reshape(-1),
                                            ignore_index=-100, reduction="sum") / n
     assert 0 < m.sum() < n  # both teachers are used on this batch
-    assert loss == pytest.approx((per_token.sum() / n + 0.5 * ce).item(), rel=1e-4)
-    assert trainer._metrics["train"]["compat/frac_aligned_old"][-1] == pytest.approx((m.sum() / n).item())
+    return (per_token.sum() / n + ce_weight * ce).item(), m, labels
 
 
 def test_tiled_and_logits_losses_give_the_same_gradients(embedded_path, update, tmp_path):
