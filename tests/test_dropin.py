@@ -350,3 +350,19 @@ def test_loss_settings_that_cannot_apply_are_refused_naming_the_alternative(mode
     for fields in ({"label_smoothing_factor": 0.1}, {"loss_type": "dft"}):
         with pytest.raises(ValueError, match="ce_weight"):
             make_trainer("muscle", str(path), old, tmp_path, fields, train_dataset=data)
+
+
+@pytest.mark.parametrize("which", ["talr", "muscle"])
+def test_an_sftconfig_script_runs_with_the_class_swapped(which, models, tmp_path):
+    """The script's own `SFTConfig` is accepted (the method's defaults are added; its fields keep their values)."""
+    from trl import SFTConfig
+
+    from adaptguard import MUSCLEConfig, MUSCLETrainer, TALRConfig, TALRTrainer
+
+    path, old = models["llama"]
+    config = SFTConfig(**base_args(tmp_path, learning_rate=3e-3))
+    trainer_class, extra = (TALRTrainer, {}) if which == "talr" else (MUSCLETrainer, {"old_model": str(old)})
+    trainer = trainer_class(model=str(path), args=config, train_dataset=Dataset.from_list(rows("messages")), **extra)
+    assert isinstance(trainer.args, TALRConfig if which == "talr" else MUSCLEConfig)
+    assert trainer.args.learning_rate == 3e-3 and trainer.args.max_steps == 2
+    check_trains(trainer)

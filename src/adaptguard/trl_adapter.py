@@ -81,6 +81,18 @@ def refuse_partitioning(trainer, features: list[str]) -> None:
                          "ZeRO-1/2 (examples/accelerate_configs/deepspeed_zero2.yaml)")
 
 
+def lift_config(args, config_class):
+    """Accept a plain `SFTConfig`/`TrainingArguments` where a trainer takes its own config class (drop-in use): the
+    same field values, the method's defaults for its own fields. An instance of `config_class` is returned as is."""
+    import dataclasses
+
+    if isinstance(args, config_class):
+        return args
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init and hasattr(args, f.name)}
+    names = {f.name for f in dataclasses.fields(config_class)}
+    return config_class(**{k: v for k, v in values.items() if k in names})
+
+
 def default_bf16(config) -> None:
     """TRL's configs turn `bf16` on unless told otherwise (`bf16=None` becomes `not fp16` in
     trl/trainer/base_config.py), which transformers refuses on a machine without bf16 support. Leave an explicit

@@ -10,7 +10,14 @@ from trl import SFTTrainer
 from trl.models.utils import _ForwardRedirection
 
 from ..plugins import get_muscle_mask
-from ..trl_adapter import SFTBookkeeping, load_model, load_tokenizer, prepare_frozen_model, refuse_partitioning
+from ..trl_adapter import (
+    SFTBookkeeping,
+    lift_config,
+    load_model,
+    load_tokenizer,
+    prepare_frozen_model,
+    refuse_partitioning,
+)
 from ..utils.checks import check_completions, check_tokenizer_fits
 from ..utils.labels import IGNORE_INDEX, shifted_labels
 from ..utils.sharding import full_tensor
@@ -141,8 +148,10 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
                  old_processing_class=None, **kwargs):
         from peft import PeftModel
 
-        if not isinstance(args, MUSCLEConfig):
-            raise TypeError("MUSCLETrainer needs a MUSCLEConfig (MUSCLE's settings: the old model, the mask ...)")
+        if args is None:  # as SFTTrainer: "<model name>-MUSCLE"
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+            args = MUSCLEConfig(f"{str(name).rstrip('/').split('/')[-1]}-MUSCLE")
+        args = lift_config(args, MUSCLEConfig)  # a plain SFTConfig: MUSCLE's defaults added
         # SFTConfig's loss settings that a distillation loss cannot honour: what to use instead
         if kwargs.get("compute_loss_func") is not None:
             raise ValueError("MUSCLETrainer computes its own loss (the distillation of eq. 2): do not pass "

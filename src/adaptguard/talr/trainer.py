@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import math
 import os
@@ -17,6 +16,7 @@ from ..plugins import get_token_weighting
 from ..trl_adapter import (
     SFTBookkeeping,
     add_fused_lm_head,
+    lift_config,
     load_model,
     partitioning,
     prepare_frozen_model,
@@ -39,15 +39,6 @@ def _is_peft(model) -> bool:
     except ImportError:  # pragma: no cover - peft is a dependency
         return False
     return isinstance(model, PeftModel)
-
-
-def _to_talr_config(args) -> TALRConfig:
-    """Accept a plain `SFTConfig`/`TrainingArguments` (drop-in use) by lifting it to `TALRConfig` defaults."""
-    if isinstance(args, TALRConfig):
-        return args
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init and hasattr(args, f.name)}
-    names = {f.name for f in dataclasses.fields(TALRConfig)}
-    return TALRConfig(**{k: v for k, v in values.items() if k in names})
 
 
 class _FlowCollator:
@@ -86,7 +77,7 @@ class TALRTrainer(SFTBookkeeping, SFTTrainer):
         if args is None:
             name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
             args = TALRConfig(f"{str(name).rstrip('/').split('/')[-1]}-TALR")
-        args = _to_talr_config(args)
+        args = lift_config(args, TALRConfig)
         if kwargs.get("compute_loss_func") is not None:
             raise ValueError("TALRTrainer computes its own loss: do not pass compute_loss_func "
                              "(use `weighting=` or a weighting plugin instead).")
