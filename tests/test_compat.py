@@ -353,3 +353,23 @@ def test_loglikelihood_task_has_no_inconsistency_flips():
     (entry,) = compare_task(run([1, 1, 0, 0], [-1, -2, -3, -4]), run([1, 0, 1, 0], [-1.5, -2.5, -3.5, -4.5]),
                             n_boot=10).values()
     assert entry["nfr_mc"] is None and entry["nfr"] == 0.25 and entry["pfr"] == 0.25
+
+
+def test_paired_rate_difference_against_hand_counts_and_normal_theory():
+    import numpy as np
+    from scipy.stats import binomtest
+
+    from adaptguard.compat.metrics import paired_rate_difference
+
+    out = paired_rate_difference([1, 1, 0, 0, 1], [0, 1, 1, 0, 0])
+    assert out["diff"] == pytest.approx(0.2) and (out["n_a_only"], out["n_b_only"]) == (2, 1)
+    assert out["mcnemar_p"] == pytest.approx(binomtest(2, 3).pvalue)
+    rng = np.random.default_rng(3)
+    a, b = rng.random(4000) < 0.2, rng.random(4000) < 0.15  # the pairs are kept together when resampling
+    big = paired_rate_difference(a, b, n_boot=4000)
+    d = a.astype(float) - b.astype(float)
+    half = 1.96 * d.std(ddof=1) / np.sqrt(len(d))
+    assert big["ci"][0] == pytest.approx(d.mean() - half, abs=0.15 * half)
+    assert big["ci"][1] == pytest.approx(d.mean() + half, abs=0.15 * half)
+    with pytest.raises(ValueError, match="equally long"):
+        paired_rate_difference([1, 0], [1])

@@ -32,16 +32,29 @@ def test_update_pipeline_on_embedded_bases(tmp_path, lm_runs, tiny_v2_path):
     right = {name: [a == g for a, g in zip(answers(base, adapter, merge), gold)]
              for name, base, adapter, merge in (("v1", cfg.old_base, "v1_task_adapter", True),
                                                  ("v2", cfg.new_base, "v2_task_adapter", False),
-                                                 ("compat", cfg.new_base, "compat_adapter", False))}
+                                                 ("compat", cfg.new_base, "compat_adapter", False),
+                                                 ("control", cfg.new_base, "control_adapter", False))}
     n = len(gold)
     assert report["n_test"] == n == 252
     assert report["old_acc"] == sum(right["v1"]) / n
     assert report["new_acc"] == sum(right["v2"]) / n
     assert report["compat_acc"] == sum(right["compat"]) / n
-    for new, suffix in (("v2", ""), ("compat", "_compat")):
-        lost = sum(o and not w for o, w in zip(right["v1"], right[new]))
+    assert report["control_acc"] == sum(right["control"]) / n
+    lost = {}
+    for new, suffix in (("v2", ""), ("compat", "_compat"), ("control", "_control")):
+        lost[new] = [o and not w for o, w in zip(right["v1"], right[new])]
         gained = sum(w and not o for o, w in zip(right["v1"], right[new]))
-        assert report[f"nfr{suffix}"] == lost / n and report[f"pfr{suffix}"] == gained / n, new
+        assert report[f"nfr{suffix}"] == sum(lost[new]) / n and report[f"pfr{suffix}"] == gained / n, new
+    # the primary comparison, compat vs control, item by item
+    assert report["nfr_compat_minus_control"] == pytest.approx((sum(lost["compat"]) - sum(lost["control"])) / n)
+    lo, hi = report["nfr_compat_minus_control_ci"]
+    assert lo <= report["nfr_compat_minus_control"] <= hi
+    only_compat = sum(c and not k for c, k in zip(lost["compat"], lost["control"]))
+    only_control = sum(k and not c for c, k in zip(lost["compat"], lost["control"]))
+    from scipy.stats import binomtest
+
+    expected_p = 1.0 if only_compat + only_control == 0 else binomtest(only_compat, only_compat + only_control).pvalue
+    assert report["mcnemar_p_compat_vs_control"] == pytest.approx(expected_p)
     assert (out / "flips.png").stat().st_size > 5000
     assert "| M_v1 acc |" in (out / "report.md").read_text()
 
@@ -307,3 +320,25 @@ def test_a_finished_task_adapter_is_reused_only_for_the_same_training(tmp_path, 
     changed, reused = train(dataclasses.replace(cfg, task_learning_rate=2e-3), rows)
     assert changed != first and not reused
     assert train(dataclasses.replace(cfg, task_learning_rate=2e-3), rows[:3])[1] is False
+
+
+def test_update_without_a_v2_task_adapter(tmp_path, embedded_path, tiny_v2_path):
+    """The update is v2 itself (as a quantized model would be): no v2 task adapter is trained, v2 is evaluated as it
+    is, and the compatibility and control adapters are trained fresh on it (both from the same LoRA init)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptguard.experiments.muscle_update import generate_answers, run_update, tiny_preset
+
+    cfg = tiny_preset(str(tmp_path / "out"))
+    cfg.new_task_adapter, cfg.task_epochs, cfg.compat_epochs = False, 1, 1
+    cfg.test = cfg.test[:40]
+    report = run_update(cfg)
+    out = tmp_path / "out"
+    assert not report["new_task_adapter"] and not (out / "v2_task_adapter").exists()
+    assert (out / "compat_adapter" / "adapter_config.json").exists()
+    assert (out / "control_adapter" / "adapter_config.json").exists()
+    answers = generate_answers(AutoModelForCausalLM.from_pretrained(cfg.new_base).eval(),
+                               AutoTokenizer.from_pretrained(cfg.new_base), cfg.test, cfg.max_new_tokens)
+    assert report["new_acc"] == sum(a == r["completion"].strip() for a, r in zip(answers, cfg.test)) / 40
+    for key in ("control_acc", "nfr_control", "nfr_control_ci", "nfr_compat_minus_control"):
+        assert report[key] is not None, key

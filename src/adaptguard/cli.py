@@ -486,8 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--max-length", type=positive_int, default=1024, help="must equal the trainer's max_length")
     cache.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass (default 8)")
     cache.set_defaults(func=_cache_logits)
-    upd = sub.add_parser("update", help="Paper 002's update experiment: task adapters on v1 and v2, compatibility, "
-                         "MUSCLE compatibility adapter, report.")
+    upd = sub.add_parser("update", help="Paper 002's update experiment: task adapters on v1 and v2 (or v2 as it is), "
+                         "the MUSCLE compatibility adapter and a cross-entropy control adapter, flips, report.")
     upd.add_argument("config", nargs="?", help="JSON config (fields of adaptguard.experiments.muscle_update.UpdateConfig)")
     upd.add_argument("--preset", choices=["tiny"], help="run on the embedded default (tiny -> tiny-v2)")
     upd.add_argument("--out", help="output directory (overrides the config's output_dir)")

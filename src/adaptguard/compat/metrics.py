@@ -164,6 +164,29 @@ def smooth_flip_metrics(delta, *, n_boot: int = 2000, level: float = 0.95, seed:
 DELTA_KEYS = ("nfr", "pfr", "nfr_mc", "smooth_nfr", "smooth_pfr", "m_g", "m_r")
 
 
+def paired_rate_difference(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int | None = 0) -> dict:
+    """Two arms' 0/1 indicators on the same items (e.g. each arm's negative flips against v1), compared item by item.
+
+    Args:
+        a, b: (N,) booleans.
+    Returns:
+        `diff` = mean(a) − mean(b); `ci`, its percentile bootstrap interval (items resampled with replacement, the
+        pairs kept together); `n_a_only` / `n_b_only`, the discordant items; `mcnemar_p`, the exact McNemar test
+        on them.
+    """
+    a, b = _as_bool("a", a), _as_bool("b", b)
+    if len(a) != len(b) or len(a) == 0:
+        raise ValueError(f"paired_rate_difference needs two equally long, non-empty indicators ({len(a)}, {len(b)})")
+    d = a.astype(float) - b.astype(float)
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    a_only, b_only = int((a & ~b).sum()), int((b & ~a).sum())
+    return {"diff": float(d.mean()), "ci": (float(lo), float(hi)), "n_a_only": a_only, "n_b_only": b_only,
+            "mcnemar_p": mcnemar_exact_p(a_only, b_only)}
+
+
 def delta_metrics(reference: dict, compatible: dict) -> dict:
     """Paper 002's Δ-versions for a compatible model M_c against the plain update M2 (both from M1):
     `delta_<k> = k(M1→M_c) − k(M1→M2)` and `delta_<k>_pct = 100 · delta_<k> / k(M1→M2)` for the keys

@@ -53,6 +53,12 @@ class UpdateConfig:
     max_length: int = 512
     max_new_tokens: int = 32
     seed: int = 0
+    # False: the update is v2 itself (e.g. a quantized v1 base), with no task adapter of its own: v2 is evaluated as
+    # it is, and the compatibility and control adapters are trained fresh on it (LoRA on default targets)
+    new_task_adapter: bool = True
+    # the control arm: the compatibility adapter's training (same start, data, steps, learning rate, seed) on the
+    # task's labels by cross-entropy, without v1's signal, so that a gain from more training is not credited to MUSCLE
+    control: bool = True
     use_cpu: bool = False
     extra_args: dict = field(default_factory=dict)  # more TrainingArguments for all three trainings
     # also evaluate the three task models with lm-eval tasks (e.g. ["compat_piqa", "compat_gsm8k"]) and
@@ -255,6 +261,15 @@ def finished_dir(target: Path):
     replace_dir(tmp, target)
 
 
+def _v2_task_model(cfg: UpdateConfig, v2_adapter: Path | None):
+    """v2 as the update ships it: the new base with its task adapter, or the new base alone."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(cfg.new_base)
+    return base if v2_adapter is None else PeftModel.from_pretrained(base, v2_adapter)
+
+
 def _evaluate(model, tokenizer, test_rows, cfg) -> tuple[list[bool], list[str]]:
     preds = generate_answers(model, tokenizer, test_rows, cfg.max_new_tokens)
     return [p == r["completion"].strip() for p, r in zip(preds, test_rows)], preds
@@ -264,13 +279,15 @@ def run_update(cfg: UpdateConfig) -> dict:
     import datasets
     import transformers
     from datasets import Dataset
-    from peft import PeftModel
+    from peft import LoraConfig, PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
-    from ..compat.metrics import delta_metrics, flip_metrics
+    from ..compat.metrics import delta_metrics, flip_indicators, flip_metrics, paired_rate_difference
     from ..compat.report import plot_quadrants
     from ..muscle.config import MUSCLEConfig
     from ..muscle.trainer import MUSCLETrainer, check_same_vocabulary
+    from ..talr.config import TALRConfig
+    from ..talr.trainer import TALRTrainer
     from .progress import TrainingProgress
 
     datasets.disable_progress_bars()
@@ -293,36 +310,76 @@ def run_update(cfg: UpdateConfig) -> dict:
     v1_adapter = _train_task_adapter(cfg, cfg.old_base, train_rows, out / "v1_task_adapter", tok_old,
                                      "update: v1 task adapter")
     v2_adapter = _train_task_adapter(cfg, cfg.new_base, train_rows, out / "v2_task_adapter", tok_new,
-                                     "update: v2 task adapter")
+                                     "update: v2 task adapter") if cfg.new_task_adapter else None
     timings["task_adapters_s"] = time.perf_counter() - t
     v1 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.old_base), v1_adapter).merge_and_unload()
-    v2 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.new_base), v2_adapter)
+    v2 = _v2_task_model(cfg, v2_adapter)
     old_ok, old_pred = _evaluate(v1, tok_old, test_rows, cfg)
     new_ok, new_pred = _evaluate(v2, tok_new, test_rows, cfg)
     del v2
 
+    def start_of_adapter_training():
+        """The model and adapter both adapter trainings start from: v2's task adapter (trainable), or a fresh LoRA on
+        v2; the same random init in both arms (seeded here)."""
+        transformers.set_seed(cfg.seed)
+        if v2_adapter is not None:
+            return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.new_base), v2_adapter,
+                                             is_trainable=True), None
+        model = AutoModelForCausalLM.from_pretrained(cfg.new_base)
+        return model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=default_lora_targets(model),
+                                 task_type="CAUSAL_LM")
+
     t = time.perf_counter()
     with finished_dir(out / "compat_run") as run_dir, finished_dir(out / "compat_adapter") as adapter_dir:
-        args = MUSCLEConfig(**_training_kwargs(cfg, output_dir=str(run_dir), new_adapter=str(v2_adapter),
-                                               temperature=cfg.temperature, mask=cfg.mask, ce_weight=cfg.ce_weight,
+        args = MUSCLEConfig(**_training_kwargs(cfg, output_dir=str(run_dir), temperature=cfg.temperature,
+                                               mask=cfg.mask, ce_weight=cfg.ce_weight,
                                                learning_rate=cfg.compat_learning_rate,
                                                num_train_epochs=cfg.compat_epochs))
-        trainer = MUSCLETrainer(model=cfg.new_base, args=args, old_model=v1, old_processing_class=tok_old,
-                                train_dataset=Dataset.from_list(train_rows), processing_class=tok_new)
+        model, peft_config = start_of_adapter_training()
+        trainer = MUSCLETrainer(model=model, args=args, old_model=v1, old_processing_class=tok_old,
+                                train_dataset=Dataset.from_list(train_rows), processing_class=tok_new,
+                                peft_config=peft_config)
         trainer.remove_callback(PrinterCallback)
         trainer.add_callback(TrainingProgress("update: compatibility adapter (MUSCLE)"))
         trainer.train()
         timings["compat_adapter_s"] = time.perf_counter() - t
         compat_model = trainer.model
-        compat_model.save_pretrained(adapter_dir, selected_adapters=["default"])
+        compat_model.save_pretrained(adapter_dir, selected_adapters=[trainer._student_adapter])
     compat_ok, compat_pred = _evaluate(compat_model, tok_new, test_rows, cfg)
     aligned = [h["compat/frac_aligned_old"] for h in trainer.state.log_history if "compat/frac_aligned_old" in h]
+    control = None
+    if cfg.control:
+        t = time.perf_counter()
+        with finished_dir(out / "control_run") as run_dir, finished_dir(out / "control_adapter") as adapter_dir:
+            args = TALRConfig(**_training_kwargs(cfg, output_dir=str(run_dir), weighting="none",
+                                                 learning_rate=cfg.compat_learning_rate,
+                                                 num_train_epochs=cfg.compat_epochs))
+            model, peft_config = start_of_adapter_training()
+            trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(train_rows),
+                                  processing_class=tok_new, peft_config=peft_config)
+            trainer.remove_callback(PrinterCallback)
+            trainer.add_callback(TrainingProgress("update: control adapter (cross-entropy, no v1)"))
+            trainer.train()
+            timings["control_adapter_s"] = time.perf_counter() - t
+            trainer.model.save_pretrained(adapter_dir)
+        control_ok, control_pred = _evaluate(trainer.model, tok_new, test_rows, cfg)
+        control = flip_metrics(old_ok, control_ok, old_pred, control_pred, seed=cfg.seed)
 
     lm_eval_report = _lm_eval_flips(cfg, {"v1": (v1, tok_old), "compat": (compat_model, tok_new)},
-                                    new_model=(cfg.new_base, v2_adapter, tok_new)) if cfg.lm_eval_tasks else None
+                                    new_model=(_v2_task_model(cfg, v2_adapter), tok_new)) if cfg.lm_eval_tasks else None
     plain = flip_metrics(old_ok, new_ok, old_pred, new_pred, seed=cfg.seed)
     compat = flip_metrics(old_ok, compat_ok, old_pred, compat_pred, seed=cfg.seed)
     deltas = delta_metrics(plain, compat)
+    control_fields = {}
+    if control is not None:
+        # the primary comparison: compat's negative flips against the control's, item by item
+        versus = paired_rate_difference(flip_indicators(old_ok, compat_ok)["nfr"],
+                                        flip_indicators(old_ok, control_ok)["nfr"], seed=cfg.seed)
+        control_fields = {"control_acc": control["new_acc"], "nfr_control": control["nfr"],
+                          "nfr_control_ci": control["nfr_ci"], "pfr_control": control["pfr"],
+                          "mcnemar_p_v1_control": control["mcnemar_p"],
+                          "nfr_compat_minus_control": versus["diff"], "nfr_compat_minus_control_ci": versus["ci"],
+                          "mcnemar_p_compat_vs_control": versus["mcnemar_p"]}
     report = {
         "old_base": cfg.old_base, "new_base": cfg.new_base, "n_train": len(train_rows), "n_test": len(test_rows),
         "old_acc": plain["old_acc"], "new_acc": plain["new_acc"], "compat_acc": compat["new_acc"],
@@ -331,13 +388,15 @@ def run_update(cfg: UpdateConfig) -> dict:
         "nfr_mc": plain["nfr_mc"], "nfr_mc_compat": compat["nfr_mc"],
         "nfr_ci": plain["nfr_ci"], "nfr_compat_ci": compat["nfr_ci"], "mcnemar_p_v1_v2": plain["mcnemar_p"],
         "mcnemar_p_v1_compat": compat["mcnemar_p"],
+        **control_fields, "new_task_adapter": v2_adapter is not None,
         "frac_aligned_old_first_last": [aligned[0], aligned[-1]] if aligned else None,
         "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("train", "test")},
         "lm_eval": lm_eval_report, "timings": timings, "seconds": time.perf_counter() - start,
     }
     quadrants = {"old": "v1", "new": "v2", "compatible": "v2 + compat", "tasks": {
         "v1 → v2": {**plain, "_correct": (old_ok, new_ok)},
-        "v1 → v2 + compatibility adapter": {**compat, "_correct": (old_ok, compat_ok)}}}
+        "v1 → v2 + compatibility adapter": {**compat, "_correct": (old_ok, compat_ok)},
+        **({"v1 → v2 + control adapter": {**control, "_correct": (old_ok, control_ok)}} if control else {})}}
     plot_quadrants(quadrants, out / "flips.png")
     atomic_write_text(out / "report.json", json.dumps(report, indent=2))
     atomic_write_text(out / "report.md", update_markdown(report))
@@ -345,6 +404,7 @@ def run_update(cfg: UpdateConfig) -> dict:
 
 
 SWEEP_KEYS = ("old_acc", "new_acc", "compat_acc", "nfr", "nfr_compat", "delta_nfr", "pfr", "pfr_compat")
+CONTROL_KEYS = ("control_acc", "nfr_control", "nfr_compat_minus_control")  # with UpdateConfig.control
 
 
 def run_update_seeds(make_config: Callable[[int], UpdateConfig], seeds: Sequence[int],
@@ -364,11 +424,12 @@ def run_update_seeds(make_config: Callable[[int], UpdateConfig], seeds: Sequence
         cfg = make_config(seed)
         cfg.output_dir = str(out / f"seed-{seed}")
         report = run_update(cfg)
-        per_seed.append({"seed": seed, **{k: report[k] for k in SWEEP_KEYS}, "n_test": report["n_test"],
+        keys = SWEEP_KEYS + (CONTROL_KEYS if cfg.control else ())
+        per_seed.append({"seed": seed, **{k: report[k] for k in keys}, "n_test": report["n_test"],
                          "mcnemar_p_v1_v2": report["mcnemar_p_v1_v2"],
                          "mcnemar_p_v1_compat": report["mcnemar_p_v1_compat"]})
         logger.info("seed %s: NFR %.4f -> NFR_c %.4f", seed, report["nfr"], report["nfr_compat"])
-    summary = {k: spread([r[k] for r in per_seed]) for k in SWEEP_KEYS}
+    summary = {k: spread([r[k] for r in per_seed]) for k in keys}
     result = {"seeds": list(seeds), "summary": summary, "per_seed": per_seed,
               "nfr_compat_below_nfr": sum(r["nfr_compat"] < r["nfr"] for r in per_seed),
               "nfr_compat_at_most_nfr": sum(r["nfr_compat"] <= r["nfr"] for r in per_seed),
@@ -387,6 +448,9 @@ def seeds_markdown(r: dict) -> str:
 
     names = {"old_acc": "M_v1 acc", "new_acc": "M_v2 acc", "compat_acc": "M_v2^C acc", "nfr": "NFR",
              "nfr_compat": "NFR_c", "delta_nfr": "ΔNFR_c", "pfr": "PFR", "pfr_compat": "PFR_c"}
+    if "nfr_control" in r["summary"]:
+        names |= {"control_acc": "control acc", "nfr_control": "NFR_control", "nfr_compat_minus_control":
+                  "NFR_c − NFR_control"}
     n = len(r["seeds"])
     verdict = ("holds beyond the spread: NFR_c < NFR on every seed" if r["holds_beyond_spread"] else
                f"does NOT hold beyond the spread: NFR_c < NFR on {r['nfr_compat_below_nfr']} of {n} seeds, "
@@ -405,8 +469,6 @@ def seeds_markdown(r: dict) -> str:
 
 def _lm_eval_flips(cfg: UpdateConfig, models: dict, new_model) -> dict:
     """Per lm-eval task: scores of v1, v2 and v2 + compatibility adapter, and their flips against v1."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from ..compat.callback import evaluate_with_lm_eval, task_runs_from_output
     from ..compat.compare import compare_task
@@ -418,9 +480,8 @@ def _lm_eval_flips(cfg: UpdateConfig, models: dict, new_model) -> dict:
                                     include_path=cfg.lm_eval_include_path)
         return task_runs_from_output(out)
 
-    base, adapter, tok_new = new_model
     v1_runs = runs(*models["v1"])
-    v2_runs = runs(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter), tok_new)
+    v2_runs = runs(*new_model)
     compat_runs = runs(*models["compat"])
     report = {}
     for task in sorted(v1_runs):
@@ -447,6 +508,12 @@ def update_markdown(r: dict) -> str:
         f"Exact McNemar p (discordant pairs): v1→v2 {r['mcnemar_p_v1_v2']:.3g}, v1→compat "
         f"{r['mcnemar_p_v1_compat']:.3g}. NFR 95% bootstrap CI: v2 [{pct(r['nfr_ci'][0])}, {pct(r['nfr_ci'][1])}], "
         f"compat [{pct(r['nfr_compat_ci'][0])}, {pct(r['nfr_compat_ci'][1])}].", "",
+        *([f"Control (the same adapter training on the labels by cross-entropy, without v1): accuracy "
+           f"{pct(r['control_acc'])}, NFR {pct(r['nfr_control'])} [{pct(r['nfr_control_ci'][0])}, "
+           f"{pct(r['nfr_control_ci'][1])}], PFR {pct(r['pfr_control'])}. NFR_c − NFR_control = "
+           f"{pct(r['nfr_compat_minus_control'])} (95% paired bootstrap CI [{pct(r['nfr_compat_minus_control_ci'][0])}, "
+           f"{pct(r['nfr_compat_minus_control_ci'][1])}]; McNemar p {r['mcnemar_p_compat_vs_control']:.3g}).", ""]
+          if r.get("control_acc") is not None else []),
         "![flips](flips.png)", "",
         *_lm_eval_lines(r.get("lm_eval")),
         f"Total {r['seconds']:.0f} s.", ""])
