@@ -1,0 +1,434 @@
+"""Experiment E1 (issue 28, docs/preregistration.md): MUSCLE on real updates that break answers, against a control.
+
+v1 = a base model + a task LoRA; each update v2 = a changed base (weight-only 4-bit quantization with bitsandbytes, or
+continued full fine-tuning on other tasks) + its own task LoRA. Per update and seed, four adapters start from v2's
+task adapter and train the same way: MUSCLE with eq. 1's mask (`compat`), with LL_L (`ll_l`), distilling v1 everywhere
+(`old_only`), and the control, cross-entropy on the labels without v1 (`control`). Every model is scored by lm-eval
+(log-likelihood of each choice) on the dev or test split; the flips are against v1's task model.
+
+Every finished step (an adapter, a base, a model's per-item scores) is written atomically under `out/` with the
+settings that made it, and reused by a re-run with the same settings: a killed run continues where it stopped.
+
+    python -m adaptguard.experiments.real_update --stage dev   # v1/v2 on dev, the pre-registered fallbacks
+    python -m adaptguard.experiments.real_update --stage test  # every arm x seed on test, then the report
+    python -m adaptguard.experiments.real_update --quick       # the mechanics in minutes (40/40/60 items, 1 seed)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..utils.files import atomic_write_text
+from .muscle_update import finished_dir
+
+ARMS = {"compat": "student_wrong", "ll_l": "old_likelier_token", "old_only": "old_only", "control": None}
+MIX_TASKS = ("strategyqa", "logical_fallacy_detection", "implicatures", "movie_recommendation", "navigate",
+             "sports_understanding")
+
+
+@dataclass
+class E1Config:
+    out: str = field(default="e1-out", metadata={"help": "Output directory (reused by a re-run: resumes)."})
+    model: str = field(default="embedded:smollm2", metadata={"help": "v1 base: Hub id, path or embedded:<name>."})
+    task: str = field(default="bigbench:hyperbaton", metadata={
+        "help": "bigbench:<task>, or a JSONL file of {input, choices, label} rows."})
+    split_seed: int = field(default=1234, metadata={"help": "random.Random(seed).shuffle of the item indices."})
+    n_train: int = 400
+    n_dev: int = 300
+    n_test: int = 400
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds of the arms."})
+    updates: list[str] = field(default_factory=lambda: ["quantized", "continued"])
+    quant_types: list[str] = field(default_factory=lambda: ["nf4", "fp4"], metadata={
+        "help": "bitsandbytes 4-bit types tried in order until dev NFR >= min_nfr (pre-registered fallback)."})
+    continued_settings: list[list[float]] = field(default_factory=lambda: [[200, 1e-5], [400, 1e-5], [400, 3e-5]],
+                                                  metadata={"help": "(steps, lr) of U2 tried in order."})
+    mix_tasks: list[str] = field(default_factory=lambda: list(MIX_TASKS), metadata={
+        "help": "BIG-bench tasks of U2's instruction mix, or one JSONL file of {input, choices, label} rows."})
+    mix_rows_per_task: int = 400
+    min_nfr: float = field(default=0.05, metadata={"help": "An update must flip this share of dev items."})
+    lora_r: int = 16
+    lora_alpha: int = 32
+    task_lr: float = 1e-4
+    arm_lr: float = 1e-4
+    batch_size: int = 8
+    max_length: int = 128
+    temperature: float = 2.0
+    eval_batch_size: int = 16
+    use_cpu: bool = True
+
+
+def quick_config(out: str = "e1-quick") -> E1Config:
+    return E1Config(out=out, n_train=40, n_dev=40, n_test=60, seeds=[0], continued_settings=[[20, 1e-5]],
+                    mix_rows_per_task=40, quant_types=["nf4"], min_nfr=0.0)
+
+
+def _key(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Store:
+    """Finished steps under `root`, each a folder with `done.json` = the settings that made it: reused when they
+    match, redone (replacing the folder only once the new one is complete) when they do not."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def get(self, name: str, settings: dict, make) -> Path:
+        target = self.root / name
+        marker = target / "done.json"
+        if marker.exists() and json.loads(marker.read_text()) == json.loads(json.dumps(settings, default=str)):
+            return target
+        with finished_dir(target) as tmp:
+            make(tmp)
+            (tmp / "done.json").write_text(json.dumps(settings, default=str))
+        return target
+
+
+def load_rows(cfg: E1Config) -> dict[str, list[dict]]:
+    """{train, dev, test}: {input, choices, label} rows in the seeded order, the splits of the registration."""
+    if cfg.task.startswith("bigbench:"):
+        from .bigbench import load_tasks
+
+        name = cfg.task.removeprefix("bigbench:")
+        rows = load_tasks([name])[name]
+    else:
+        path = Path(cfg.task)
+        if not path.is_file():
+            raise ValueError(f"task: {cfg.task!r} is neither bigbench:<task> nor a JSONL file")
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    need = cfg.n_train + cfg.n_dev + cfg.n_test
+    if len(rows) < need:
+        raise ValueError(f"task {cfg.task}: {len(rows)} items, the splits need {need}")
+    order = list(range(len(rows)))
+    random.Random(cfg.split_seed).shuffle(order)
+    picked = [rows[i] for i in order[:need]]
+    return {"train": picked[:cfg.n_train], "dev": picked[cfg.n_train:cfg.n_train + cfg.n_dev],
+            "test": picked[cfg.n_train + cfg.n_dev:]}
+
+
+def training_rows(rows: list[dict]) -> list[dict]:
+    """Prompt → the right choice (as lm-eval scores it: the choice after a space), loss on the completion."""
+    return [{"prompt": r["input"], "completion": " " + r["choices"][r["label"]]} for r in rows]
+
+
+def _peft_config(cfg: E1Config, model):
+    from peft import LoraConfig
+
+    from ..utils.lora import default_lora_targets
+
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=default_lora_targets(model),
+                      task_type="CAUSAL_LM")
+
+
+def _args(cfg: E1Config, out: Path, seed: int, lr: float, **kw) -> dict:
+    from ..trl_adapter import no_activation_checkpointing
+
+    return dict(output_dir=str(out / "run"), per_device_train_batch_size=cfg.batch_size, num_train_epochs=1,
+                learning_rate=lr, lr_scheduler_type="constant", max_length=cfg.max_length, seed=seed, bf16=False,
+                use_cpu=cfg.use_cpu, report_to="none", save_strategy="no", logging_steps=10, disable_tqdm=True,
+                **no_activation_checkpointing(), **kw)
+
+
+def load_base(path: str, quant_type: str | None = None):
+    """A base model: fp32, or weight-only 4-bit with bitsandbytes (fp32 compute, blocksize 64, no double
+    quantization), loaded as a QLoRA user loads it."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    if quant_type is None:
+        return AutoModelForCausalLM.from_pretrained(path)
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type, bnb_4bit_compute_dtype=torch.float32,
+                                bnb_4bit_use_double_quant=False)
+    return AutoModelForCausalLM.from_pretrained(path, quantization_config=config, device_map="cpu")
+
+
+def train_adapter(cfg: E1Config, base, tokenizer, rows, out: Path, seed: int, lr: float, *, adapter: Path | None = None,
+                  mask: str | None = None, old_model=None) -> None:
+    """A LoRA adapter saved to `out`: fresh on `base`, or continuing `adapter`; cross-entropy (mask None) or MUSCLE
+    with `mask` and the old task model `old_model`."""
+    from datasets import Dataset
+    from peft import PeftModel
+    from transformers import PrinterCallback, set_seed
+
+    from ..muscle.config import MUSCLEConfig
+    from ..muscle.trainer import MUSCLETrainer
+    from ..talr.config import TALRConfig
+    from ..talr.trainer import TALRTrainer
+
+    set_seed(seed)  # the same fresh init and data order in every arm of a seed
+    peft_config = None
+    if adapter is not None:
+        base = PeftModel.from_pretrained(base, adapter, is_trainable=True)
+    else:
+        peft_config = _peft_config(cfg, base)
+    data = Dataset.from_list(training_rows(rows))
+    if mask is None:
+        trainer = TALRTrainer(model=base, args=TALRConfig(**_args(cfg, out, seed, lr, weighting="none")),
+                              train_dataset=data, processing_class=tokenizer, peft_config=peft_config)
+    else:
+        trainer = MUSCLETrainer(model=base, args=MUSCLEConfig(**_args(cfg, out, seed, lr, mask=mask,
+                                                                      temperature=cfg.temperature)),
+                                old_model=old_model, train_dataset=data, processing_class=tokenizer,
+                                peft_config=peft_config)
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    student = getattr(trainer, "_student_adapter", None) or "default"
+    trainer.model.save_pretrained(out, selected_adapters=[student])
+
+
+def continued_base(cfg: E1Config, v1_path: str, tokenizer, mix: list[dict], out: Path, steps: int, lr: float) -> None:
+    """U2: the v1 base fully fine-tuned for `steps` steps on the instruction mix, saved to `out`."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PrinterCallback, set_seed
+
+    from ..talr.config import TALRConfig
+    from ..talr.trainer import TALRTrainer
+
+    set_seed(0)
+    args = _args(cfg, out, 0, lr, weighting="none")
+    args.update(num_train_epochs=1, max_steps=int(steps))
+    trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(v1_path), args=TALRConfig(**args),
+                          train_dataset=Dataset.from_list(training_rows(mix)), processing_class=tokenizer)
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    trainer.model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def score(model, tokenizer, rows: list[dict], work: Path, batch_size: int) -> list[bool]:
+    """Per-item correctness of `model` on `rows` by lm-eval (log-likelihood of each choice), in row order."""
+    from ..compat.callback import evaluate_with_lm_eval, task_runs_from_output
+    from .bigbench import write_lm_eval_tasks
+
+    (task,) = write_lm_eval_tasks({"rows": rows}, work, prefix="e1_", source="adaptguard E1 split")
+    run = task_runs_from_output(evaluate_with_lm_eval(model, tokenizer, [task], batch_size=batch_size,
+                                                      include_path=[work]))[task]
+    by_id = {s.doc_id: bool(s.metrics["acc"]) for s in run.samples.values()}  # one filter ("none") for choices
+    return [by_id[i] for i in range(len(rows))]
+
+
+def nfr(old: list[bool], new: list[bool]) -> float:
+    return float(np.mean([o and not n for o, n in zip(old, new)]))
+
+
+class E1:
+    """The experiment's steps, each cached in the store (see the module docstring)."""
+
+    def __init__(self, cfg: E1Config, say=print):
+        from transformers import AutoTokenizer
+
+        from .embedded import resolve_model
+
+        self.cfg, self.say = cfg, say
+        self.root = Path(cfg.out)
+        self.store = Store(self.root)
+        self.v1_path = resolve_model(cfg.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.v1_path)
+        self.rows = load_rows(cfg)
+        self.common = {"model": cfg.model, "task": cfg.task, "split_seed": cfg.split_seed,
+                       "sizes": [cfg.n_train, cfg.n_dev, cfg.n_test], "lora": [cfg.lora_r, cfg.lora_alpha],
+                       "batch_size": cfg.batch_size, "max_length": cfg.max_length}
+
+    def _timed(self, what: str, make):
+        def run(tmp: Path):
+            start = time.perf_counter()
+            self.say(f"E1: {what} ...")
+            make(tmp)
+            self.say(f"E1: {what}: {time.perf_counter() - start:.0f} s")
+        return run
+
+    # -- models ------------------------------------------------------------------------------------------------
+    def v1_adapter(self) -> Path:
+        settings = {**self.common, "step": "v1_adapter", "lr": self.cfg.task_lr}
+        return self.store.get("v1_adapter", settings, self._timed("v1 task adapter", lambda tmp: train_adapter(
+            self.cfg, load_base(self.v1_path), self.tokenizer, self.rows["train"], tmp, 0, self.cfg.task_lr)))
+
+    def v1_task_model(self):
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(load_base(self.v1_path), self.v1_adapter()).merge_and_unload().eval()
+
+    def update_base(self, update: str, setting) -> tuple[str, str | None, dict]:
+        """(base path, bitsandbytes type or None, settings) of update `update` at fallback `setting`."""
+        if update == "quantized":
+            return self.v1_path, setting, {"quant_type": setting}
+        if update == "continued":
+            steps, lr = setting
+            settings = {**self.common, "step": "continued_base", "steps": steps, "lr": lr, "mix": self.cfg.mix_tasks,
+                        "mix_rows": self.cfg.mix_rows_per_task}
+            name = f"continued_base_{int(steps)}_{lr:g}"
+            path = self.store.get(name, settings, self._timed(f"U2 base ({int(steps)} steps, lr {lr:g})",
+                                                              lambda tmp: continued_base(self.cfg, self.v1_path,
+                                                                                         self.tokenizer, self._mix(),
+                                                                                         tmp, steps, lr)))
+            return str(path), None, {"continued": [steps, lr]}
+        raise ValueError(f"updates: unknown update {update!r}; known: quantized, continued")
+
+    def _mix(self) -> list[dict]:
+        from .bigbench import load_tasks
+
+        files = [n for n in self.cfg.mix_tasks if n.endswith(".jsonl")]
+        sources = {n: [json.loads(x) for x in Path(n).read_text().splitlines() if x.strip()] for n in files}
+        sources |= load_tasks([n for n in self.cfg.mix_tasks if n not in files]) if len(files) < len(self.cfg.mix_tasks) \
+            else {}
+        mix = []
+        for rows in sources.values():
+            order = list(range(len(rows)))
+            random.Random(self.cfg.split_seed).shuffle(order)
+            mix += [rows[i] for i in order[:self.cfg.mix_rows_per_task]]
+        random.Random(0).shuffle(mix)
+        return mix
+
+    def v2_adapter(self, update: str, setting) -> Path:
+        path, quant, extra = self.update_base(update, setting)
+        settings = {**self.common, "step": "v2_adapter", "lr": self.cfg.task_lr, **extra}
+        return self.store.get(f"v2_adapter_{update}_{_key(extra)}", settings, self._timed(
+            f"v2 task adapter ({update}, {extra})", lambda tmp: train_adapter(
+                self.cfg, load_base(path, quant), self.tokenizer, self.rows["train"], tmp, 0, self.cfg.task_lr)))
+
+    def v2_task_model(self, update: str, setting):
+        from peft import PeftModel
+
+        path, quant, _ = self.update_base(update, setting)
+        return PeftModel.from_pretrained(load_base(path, quant), self.v2_adapter(update, setting)).eval()
+
+    # -- scores ------------------------------------------------------------------------------------------------
+    def scores(self, name: str, settings: dict, split: str, model_fn) -> list[bool]:
+        def make(tmp: Path):
+            correct = score(model_fn(), self.tokenizer, self.rows[split], tmp / "task", self.cfg.eval_batch_size)
+            (tmp / "scores.json").write_text(json.dumps(correct))
+
+        folder = self.store.get(f"scores/{split}/{name}", {**settings, "split": split},
+                                self._timed(f"scoring {name} on {split}", make))
+        return json.loads((folder / "scores.json").read_text())
+
+    def v1_scores(self, split: str) -> list[bool]:
+        return self.scores("v1", {**self.common, "lr": self.cfg.task_lr}, split, self.v1_task_model)
+
+    def v2_scores(self, update: str, setting, split: str) -> list[bool]:
+        _, _, extra = self.update_base(update, setting)
+        return self.scores(f"v2_{update}_{_key(extra)}", {**self.common, "lr": self.cfg.task_lr, **extra}, split,
+                           lambda: self.v2_task_model(update, setting))
+
+    # -- stages ------------------------------------------------------------------------------------------------
+    def fixed_update(self, update: str):
+        """The pre-registered fallback: the first setting of the update whose dev NFR against v1 reaches min_nfr,
+        or None (no regression to protect). Returns (setting, {setting: dev NFR})."""
+        settings = self.cfg.quant_types if update == "quantized" else self.cfg.continued_settings
+        v1 = self.v1_scores("dev")
+        seen = {}
+        for setting in settings:
+            rate = nfr(v1, self.v2_scores(update, setting, "dev"))
+            seen[str(setting)] = rate
+            self.say(f"E1: {update} {setting}: dev NFR {rate:.3f}")
+            if rate >= self.cfg.min_nfr:
+                return setting, seen
+        return None, seen
+
+    def arm_scores(self, update: str, setting, arm: str, seed: int) -> list[bool]:
+        path, quant, extra = self.update_base(update, setting)
+        base_settings = {**self.common, "lr": self.cfg.task_lr, **extra}
+        settings = {**base_settings, "arm": arm, "seed": seed, "arm_lr": self.cfg.arm_lr,
+                    "temperature": self.cfg.temperature}
+        name = f"arm_{update}_{_key(extra)}_{arm}_seed{seed}"
+
+        def make_adapter(tmp: Path):
+            mask = ARMS[arm]
+            train_adapter(self.cfg, load_base(path, quant), self.tokenizer, self.rows["train"], tmp, seed,
+                          self.cfg.arm_lr, adapter=self.v2_adapter(update, setting), mask=mask,
+                          old_model=self.v1_task_model() if mask else None)
+
+        adapter = self.store.get(f"adapters/{name}", settings, self._timed(f"{arm} adapter ({update}, seed {seed})",
+                                                                        make_adapter))
+
+        def model():
+            from peft import PeftModel
+
+            return PeftModel.from_pretrained(load_base(path, quant), adapter).eval()
+
+        return self.scores(name, settings, "test", model)
+
+    def run_test(self) -> dict:
+        """Every registered arm x seed on test for each update that regresses on dev; the report."""
+        from .sweeps import machine_info
+
+        report = {"config": dataclasses.asdict(self.cfg), "machine": machine_info(), "updates": {}}
+        v1 = self.v1_scores("test")
+        for update in self.cfg.updates:
+            setting, dev = self.fixed_update(update)
+            entry = {"dev_nfr": dev, "setting": setting}
+            report["updates"][update] = entry
+            if setting is None:
+                entry["verdict"] = "no regression to protect (dev NFR below min_nfr at every registered setting)"
+                continue
+            v2 = self.v2_scores(update, setting, "test")
+            arms = {arm: [self.arm_scores(update, setting, arm, s) for s in self.cfg.seeds] for arm in ARMS}
+            entry.update(summarise(v1, v2, arms, seed=0))
+        atomic_write_text(self.root / "report.json", json.dumps(report, indent=2, default=str))
+        return report
+
+
+def summarise(v1: list[bool], v2: list[bool], arms: dict[str, list[list[bool]]], seed: int = 0) -> dict:
+    """Per arm: accuracy, NFR, PFR (mean over seeds); against the control, the item-paired ΔNFR averaged over seeds
+    with a bootstrap CI over items (an item's seeds resampled together), per-seed McNemar p, and the registered
+    verdict."""
+    from ..compat.metrics import flip_metrics, mcnemar_exact_p
+
+    old = np.asarray(v1, dtype=bool)
+    out = {"v2": {k: v for k, v in flip_metrics(old, v2, seed=seed).items()}}
+    negative = {arm: np.array([old & ~np.asarray(s, dtype=bool) for s in runs]) for arm, runs in arms.items()}
+    for arm, runs in arms.items():
+        per_seed = [flip_metrics(old, s, seed=seed) for s in runs]
+        out[arm] = {k: float(np.mean([m[k] for m in per_seed])) for k in ("new_acc", "nfr", "pfr")}
+        if arm == "control":
+            continue
+        d = (negative[arm].astype(float) - negative["control"].astype(float)).mean(0)  # (items,) mean over seeds
+        rng = np.random.default_rng(seed)
+        boots = d[rng.integers(0, len(d), size=(4000, len(d)))].mean(1)
+        lo, hi = (float(x) for x in np.quantile(boots, [0.025, 0.975]))
+        p = [mcnemar_exact_p(int((a & ~c).sum()), int((c & ~a).sum()))
+             for a, c in zip(negative[arm], negative["control"])]
+        out[arm]["vs_control"] = {"delta_nfr": float(d.mean()), "ci": [lo, hi], "mcnemar_p_per_seed": p,
+                                  "verdict": verdict(lo, hi)}
+    return out
+
+
+def verdict(lo: float, hi: float, half_width: float = 0.05) -> str:
+    """The registered decision rule on the CI of Δ = NFR(arm) − NFR(control)."""
+    if hi < 0:
+        return "reproduced"
+    if lo > 0:
+        return "contradicted"
+    return "not reproduced" if (hi - lo) / 2 <= half_width else "inconclusive"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from transformers import HfArgumentParser
+
+    @dataclass
+    class Cli:
+        stage: str = field(default="test", metadata={"help": "dev: fix the updates on dev; test: the whole run."})
+        quick: bool = field(default=False, metadata={"help": "40/40/60 items, 1 seed, U2 20 steps: the mechanics."})
+
+    cli, cfg = HfArgumentParser((Cli, E1Config)).parse_args_into_dataclasses(argv)
+    if cli.quick:
+        cfg = dataclasses.replace(quick_config(cfg.out if cfg.out != "e1-out" else "e1-quick"), model=cfg.model,
+                                  task=cfg.task)
+    e1 = E1(cfg)
+    if cli.stage == "dev":
+        return {u: e1.fixed_update(u) for u in cfg.updates}
+    if cli.stage != "test":
+        raise ValueError(f"--stage must be dev or test, got {cli.stage!r}")
+    return e1.run_test()
+
+
+if __name__ == "__main__":
+    main()
