@@ -30,7 +30,7 @@ def toy_config(tmp_path, embedded_path, **kw):
     third = n // 3
     return E1Config(out=str(tmp_path / "e1"), model=str(embedded_path), task=str(task), n_train=third, n_dev=third,
                     n_test=n - 2 * third, seeds=[0], quant_types=["nf4"], continued_settings=[[3, 1e-3]],
-                    mix_tasks=[str(task)], mix_rows_per_task=8, min_nfr=0.0, task_lr=1e-3, arm_lr=1e-3,
+                    mix_tasks=[str(task)], mix_rows_per_task=8, min_nfr=0.0, task_lrs=[1e-3, 3e-3], arm_lrs=[1e-3],
                     batch_size=4, max_length=32, eval_batch_size=8, **kw)
 
 
@@ -70,6 +70,15 @@ def test_pipeline_resumes_after_a_kill(tmp_path, embedded_path, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(real_update, "train_adapter", counting)
+    # the registered dev choices first: they read no test item, and pick the best dev setting
+    choices = real_update.E1(cfg, say=lambda _: None).dev_stage()
+    out = tmp_path / "e1"
+    assert not (out / "scores" / "test").exists()
+    accuracy = {float(k): v for k, v in choices["task_lr"]["dev_accuracy"].items()}
+    assert set(accuracy) == {1e-3, 3e-3} and choices["task_lr"]["chosen"] == max(cfg.task_lrs, key=accuracy.get)
+    for lr, acc in accuracy.items():  # the recorded accuracies are the stored per-item dev scores
+        assert acc == pytest.approx(np.mean(json.loads((out / "scores" / "dev" / f"v1_{lr:g}" / "scores.json").read_text())))
+    assert choices["update_quantized"]["setting"] == "nf4" and "arm_lr_continued" in choices
     with pytest.raises(KeyboardInterrupt):
         real_update.E1(cfg, say=lambda _: None).run_test()
     before = list(trained)

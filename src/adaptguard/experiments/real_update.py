@@ -56,8 +56,10 @@ class E1Config:
     min_nfr: float = field(default=0.05, metadata={"help": "An update must flip this share of dev items."})
     lora_r: int = 16
     lora_alpha: int = 32
-    task_lr: float = 1e-4
-    arm_lr: float = 1e-4
+    task_lrs: list[float] = field(default_factory=lambda: [1e-4, 3e-4], metadata={
+        "help": "Task adapters' learning rates; the best v1 dev accuracy picks one (pre-registered)."})
+    arm_lrs: list[float] = field(default_factory=lambda: [1e-4, 3e-4], metadata={
+        "help": "Arms' learning rates; per update, the best control-arm dev accuracy (seed 0) picks one."})
     batch_size: int = 8
     max_length: int = 128
     temperature: float = 2.0
@@ -67,7 +69,7 @@ class E1Config:
 
 def quick_config(out: str = "e1-quick") -> E1Config:
     return E1Config(out=out, n_train=40, n_dev=40, n_test=60, seeds=[0], continued_settings=[[20, 1e-5]],
-                    mix_rows_per_task=40, quant_types=["nf4"], min_nfr=0.0)
+                    mix_rows_per_task=40, quant_types=["nf4"], min_nfr=0.0, task_lrs=[1e-4], arm_lrs=[1e-4])
 
 
 def _key(value) -> str:
@@ -233,6 +235,7 @@ class E1:
         self.v1_path = resolve_model(cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.v1_path)
         self.rows = load_rows(cfg)
+        self._task_lr, self.choices = None, {}
         self.common = {"model": cfg.model, "task": cfg.task, "split_seed": cfg.split_seed,
                        "sizes": [cfg.n_train, cfg.n_dev, cfg.n_test], "lora": [cfg.lora_r, cfg.lora_alpha],
                        "batch_size": cfg.batch_size, "max_length": cfg.max_length}
@@ -246,15 +249,40 @@ class E1:
         return run
 
     # -- models ------------------------------------------------------------------------------------------------
-    def v1_adapter(self) -> Path:
-        settings = {**self.common, "step": "v1_adapter", "lr": self.cfg.task_lr}
-        return self.store.get("v1_adapter", settings, self._timed("v1 task adapter", lambda tmp: train_adapter(
-            self.cfg, load_base(self.v1_path), self.tokenizer, self.rows["train"], tmp, 0, self.cfg.task_lr)))
+    def v1_adapter(self, lr: float | None = None) -> Path:
+        lr = self.task_lr if lr is None else lr
+        settings = {**self.common, "step": "v1_adapter", "lr": lr}
+        return self.store.get(f"v1_adapter_{lr:g}", settings, self._timed(f"v1 task adapter (lr {lr:g})", lambda tmp:
+                              train_adapter(self.cfg, load_base(self.v1_path), self.tokenizer, self.rows["train"], tmp,
+                                            0, lr)))
 
-    def v1_task_model(self):
+    def v1_task_model(self, lr: float | None = None):
         from peft import PeftModel
 
-        return PeftModel.from_pretrained(load_base(self.v1_path), self.v1_adapter()).merge_and_unload().eval()
+        return PeftModel.from_pretrained(load_base(self.v1_path), self.v1_adapter(lr)).merge_and_unload().eval()
+
+    @property
+    def task_lr(self) -> float:
+        """Dev choice (a): the task adapters' learning rate with the best v1 dev accuracy (the first on a tie)."""
+        if self._task_lr is None:
+            accuracy = {lr: float(np.mean(self.scores(f"v1_{lr:g}", {**self.common, "lr": lr}, "dev",
+                                                      lambda lr=lr: self.v1_task_model(lr))))
+                        for lr in self.cfg.task_lrs}
+            self._task_lr = max(self.cfg.task_lrs, key=lambda lr: accuracy[lr])
+            self.choices["task_lr"] = {"dev_accuracy": {f"{k:g}": v for k, v in accuracy.items()},
+                                       "chosen": self._task_lr}
+            self.say(f"E1: task adapters' lr {self._task_lr:g} (v1 dev accuracy {accuracy})")
+        return self._task_lr
+
+    def arm_lr(self, update: str, setting) -> float:
+        """Dev choice (c), per update: the arms' learning rate with the best dev accuracy of the control arm
+        (seed 0), the first on a tie."""
+        accuracy = {lr: float(np.mean(self.arm_scores(update, setting, "control", 0, "dev", lr)))
+                    for lr in self.cfg.arm_lrs}
+        chosen = max(self.cfg.arm_lrs, key=lambda lr: accuracy[lr])
+        self.choices[f"arm_lr_{update}"] = {"dev_accuracy": {f"{k:g}": v for k, v in accuracy.items()},
+                                            "chosen": chosen}
+        return chosen
 
     def update_base(self, update: str, setting) -> tuple[str, str | None, dict]:
         """(base path, bitsandbytes type or None, settings) of update `update` at fallback `setting`."""
@@ -289,10 +317,10 @@ class E1:
 
     def v2_adapter(self, update: str, setting) -> Path:
         path, quant, extra = self.update_base(update, setting)
-        settings = {**self.common, "step": "v2_adapter", "lr": self.cfg.task_lr, **extra}
-        return self.store.get(f"v2_adapter_{update}_{_key(extra)}", settings, self._timed(
+        settings = {**self.common, "step": "v2_adapter", "lr": self.task_lr, **extra}
+        return self.store.get(f"v2_adapter_{update}_{_key(settings)}", settings, self._timed(
             f"v2 task adapter ({update}, {extra})", lambda tmp: train_adapter(
-                self.cfg, load_base(path, quant), self.tokenizer, self.rows["train"], tmp, 0, self.cfg.task_lr)))
+                self.cfg, load_base(path, quant), self.tokenizer, self.rows["train"], tmp, 0, self.task_lr)))
 
     def v2_task_model(self, update: str, setting):
         from peft import PeftModel
@@ -311,14 +339,28 @@ class E1:
         return json.loads((folder / "scores.json").read_text())
 
     def v1_scores(self, split: str) -> list[bool]:
-        return self.scores("v1", {**self.common, "lr": self.cfg.task_lr}, split, self.v1_task_model)
+        lr = self.task_lr
+        return self.scores(f"v1_{lr:g}", {**self.common, "lr": lr}, split, self.v1_task_model)
 
     def v2_scores(self, update: str, setting, split: str) -> list[bool]:
         _, _, extra = self.update_base(update, setting)
-        return self.scores(f"v2_{update}_{_key(extra)}", {**self.common, "lr": self.cfg.task_lr, **extra}, split,
+        settings = {**self.common, "lr": self.task_lr, **extra}
+        return self.scores(f"v2_{update}_{_key(settings)}", settings, split,
                            lambda: self.v2_task_model(update, setting))
 
     # -- stages ------------------------------------------------------------------------------------------------
+    def dev_stage(self) -> dict:
+        """The registered dev choices, in order: (a) the task lr, (b) each update's setting, (c) each regressing
+        update's arm lr. Writes `dev_choices.json`; nothing here reads the test split."""
+        _ = self.task_lr
+        for update in self.cfg.updates:
+            setting, dev = self.fixed_update(update)
+            self.choices[f"update_{update}"] = {"dev_nfr": dev, "setting": setting}
+            if setting is not None:
+                self.arm_lr(update, setting)
+        atomic_write_text(self.root / "dev_choices.json", json.dumps(self.choices, indent=2, default=str))
+        return self.choices
+
     def fixed_update(self, update: str):
         """The pre-registered fallback: the first setting of the update whose dev NFR against v1 reaches min_nfr,
         or None (no regression to protect). Returns (setting, {setting: dev NFR})."""
@@ -333,17 +375,16 @@ class E1:
                 return setting, seen
         return None, seen
 
-    def arm_scores(self, update: str, setting, arm: str, seed: int) -> list[bool]:
+    def arm_scores(self, update: str, setting, arm: str, seed: int, split: str, lr: float) -> list[bool]:
         path, quant, extra = self.update_base(update, setting)
-        base_settings = {**self.common, "lr": self.cfg.task_lr, **extra}
-        settings = {**base_settings, "arm": arm, "seed": seed, "arm_lr": self.cfg.arm_lr,
+        settings = {**self.common, "lr": self.task_lr, **extra, "arm": arm, "seed": seed, "arm_lr": lr,
                     "temperature": self.cfg.temperature}
-        name = f"arm_{update}_{_key(extra)}_{arm}_seed{seed}"
+        name = f"arm_{update}_{arm}_seed{seed}_lr{lr:g}_{_key(settings)}"
 
         def make_adapter(tmp: Path):
             mask = ARMS[arm]
-            train_adapter(self.cfg, load_base(path, quant), self.tokenizer, self.rows["train"], tmp, seed,
-                          self.cfg.arm_lr, adapter=self.v2_adapter(update, setting), mask=mask,
+            train_adapter(self.cfg, load_base(path, quant), self.tokenizer, self.rows["train"], tmp, seed, lr,
+                          adapter=self.v2_adapter(update, setting), mask=mask,
                           old_model=self.v1_task_model() if mask else None)
 
         adapter = self.store.get(f"adapters/{name}", settings, self._timed(f"{arm} adapter ({update}, seed {seed})",
@@ -354,13 +395,14 @@ class E1:
 
             return PeftModel.from_pretrained(load_base(path, quant), adapter).eval()
 
-        return self.scores(name, settings, "test", model)
+        return self.scores(name, settings, split, model)
 
     def run_test(self) -> dict:
         """Every registered arm x seed on test for each update that regresses on dev; the report."""
         from .sweeps import machine_info
 
         report = {"config": dataclasses.asdict(self.cfg), "machine": machine_info(), "updates": {}}
+        self.dev_stage()  # every dev choice first, in the registered order
         v1 = self.v1_scores("test")
         for update in self.cfg.updates:
             setting, dev = self.fixed_update(update)
@@ -369,9 +411,11 @@ class E1:
             if setting is None:
                 entry["verdict"] = "no regression to protect (dev NFR below min_nfr at every registered setting)"
                 continue
+            lr = self.arm_lr(update, setting)
             v2 = self.v2_scores(update, setting, "test")
-            arms = {arm: [self.arm_scores(update, setting, arm, s) for s in self.cfg.seeds] for arm in ARMS}
+            arms = {arm: [self.arm_scores(update, setting, arm, s, "test", lr) for s in self.cfg.seeds] for arm in ARMS}
             entry.update(summarise(v1, v2, arms, seed=0))
+        report["dev_choices"] = self.choices
         atomic_write_text(self.root / "report.json", json.dumps(report, indent=2, default=str))
         return report
 
@@ -424,7 +468,7 @@ def main(argv: list[str] | None = None) -> dict:
                                   task=cfg.task)
     e1 = E1(cfg)
     if cli.stage == "dev":
-        return {u: e1.fixed_update(u) for u in cfg.updates}
+        return e1.dev_stage()
     if cli.stage != "test":
         raise ValueError(f"--stage must be dev or test, got {cli.stage!r}")
     return e1.run_test()
