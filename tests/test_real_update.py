@@ -101,3 +101,14 @@ def test_pipeline_resumes_after_a_kill(tmp_path, embedded_path, monkeypatch):
     same = [json.loads(json.dumps(r["updates"], default=str)) for r in (again, report)]
     assert len(trained) == n and same[0] == same[1]
     assert np.isfinite(report["updates"]["quantized"]["v2"]["nfr"])
+
+
+def test_quantized_base_without_bitsandbytes_names_the_extra(embedded_path, monkeypatch):
+    import importlib.util
+
+    from adaptguard.experiments.real_update import load_base
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    with pytest.raises(ImportError, match=r"quant_type='nf4'.*adaptguard\[quant\]"):
+        load_base(str(embedded_path), "nf4")

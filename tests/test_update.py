@@ -275,8 +275,11 @@ def test_ctrl_c_during_update_ends_cleanly(tmp_path, embedded_path):
                                   "test": rows, "task_epochs": 600, "batch_size": 4, "max_length": 64,
                                   "use_cpu": True}))
     out = tmp_path / "o"
+    # a shell that starts jobs in the background (`cmd &`, as CI runners may) leaves SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: the child gets SIGINT's default back, as on a terminal
     proc = subprocess.Popen([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         err, deadline = b"", time.monotonic() + 900
         while b"update: v2 task adapter" not in err:

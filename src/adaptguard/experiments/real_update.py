@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import random
 import time
@@ -147,6 +148,9 @@ def load_base(path: str, quant_type: str | None = None):
 
     if quant_type is None:
         return AutoModelForCausalLM.from_pretrained(path)
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ImportError(f"the quantized update (quant_type={quant_type!r}) needs bitsandbytes: "
+                          "pip install 'adaptguard[quant]'")
     config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type, bnb_4bit_compute_dtype=torch.float32,
                                 bnb_4bit_use_double_quant=False)
     return AutoModelForCausalLM.from_pretrained(path, quantization_config=config, device_map="cpu")
