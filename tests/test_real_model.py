@@ -125,3 +125,45 @@ def test_lm_eval_and_compare_on_smollm2(smollm2_path, tmp_path):
     assert entry["nfr"] == pytest.approx(sum(old[d] and not new[d] for d in old) / 10)
     assert entry["pfr"] == pytest.approx(sum(new[d] and not old[d] for d in old) / 10)
     assert entry["old_acc"] == pytest.approx(sum(old.values()) / 10) and entry["old_acc"] >= 0.7  # a real model
+
+
+def test_update_with_control_and_no_v2_adapter_on_smollm2(smollm2_path, tmp_path):
+    """`adaptguard update`'s adapter-less path on the real model (v2 is a base as it is, e.g. a quantized one):
+    v1 = SmolLM2 + task adapter, v2 = SmolLM2 itself, compat and control adapters trained fresh on it; every
+    accuracy and flip rate in the report against answers regenerated from the saved adapters."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptguard.experiments.muscle_update import UpdateConfig, generate_answers, run_update
+
+    rows = [{"prompt": f"Q: What is the opposite of {a}?\nA:", "completion": f" {b}"}
+            for a, b in (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"))]
+    out = tmp_path / "out"
+    cfg = UpdateConfig(old_base="embedded:smollm2", new_base="embedded:smollm2", train=rows, test=rows,
+                       output_dir=str(out), task_epochs=2, compat_epochs=1, batch_size=4, max_length=32,
+                       max_new_tokens=4, new_task_adapter=False, use_cpu=True)
+    report = run_update(cfg)
+    assert not (out / "v2_task_adapter").exists()
+    base, tok = AutoModelForCausalLM.from_pretrained(smollm2_path), AutoTokenizer.from_pretrained(smollm2_path)
+
+    def right(model):
+        return [a == r["completion"].strip() for a, r in zip(generate_answers(model.eval(), tok, rows, 4), rows)]
+
+    v2 = right(base)
+    def with_adapter(adapter, merge):  # as run_update evaluates them: v1 merged, the arms on top of v2
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(smollm2_path), out / adapter)
+        return model.merge_and_unload() if merge else model
+
+    arms = {name: right(with_adapter(adapter, name == "v1"))
+            for name, adapter in (("v1", "v1_task_adapter"), ("compat", "compat_adapter"),
+                                  ("control", "control_adapter"))}
+    assert report["n_test"] == 4 and report["new_acc"] == sum(v2) / 4
+    assert report["old_acc"] == sum(arms["v1"]) / 4
+    for name, suffix, answers in (("v2", "", v2), ("compat", "_compat", arms["compat"]),
+                                  ("control", "_control", arms["control"])):
+        if name != "v2":
+            assert report[f"{name}_acc"] == sum(answers) / 4, name
+        assert report[f"nfr{suffix}"] == sum(o and not w for o, w in zip(arms["v1"], answers)) / 4, name
+        assert report[f"pfr{suffix}"] == sum(w and not o for o, w in zip(arms["v1"], answers)) / 4, name
+    lo, hi = report["nfr_control_ci"]
+    assert lo <= report["nfr_control"] <= hi
