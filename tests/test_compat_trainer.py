@@ -114,12 +114,17 @@ def test_training_moves_only_the_student_adapter(embedded_path, update, tmp_path
 
     trainer = make_trainer(embedded_path, update, tmp_path, max_steps=3, learning_rate=1e-2)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    teacher_before = {n: b.clone() for n, b in trainer.model.named_buffers() if NEW_TEACHER in n}
+    assert teacher_before and all(torch.equal(b, before[n.replace(NEW_TEACHER, "default")])
+                                  for n, b in teacher_before.items())  # a copy of v2's task adapter
     trainer.train()
     after = dict(trainer.model.named_parameters())
     moved = [n for n in before if not torch.equal(before[n], after[n])]
     assert moved and all(".default." in n for n in moved)
-    teacher = [n for n in before if NEW_TEACHER in n]
-    assert teacher and all(torch.equal(before[n], after[n]) for n in teacher)
+    # the frozen teacher copy: buffers, outside the optimiser and the user's parameters, unchanged by training
+    assert not any(NEW_TEACHER in n for n in before)
+    teacher = {n: b for n, b in trainer.model.named_buffers() if NEW_TEACHER in n}
+    assert set(teacher) == set(teacher_before) and all(torch.equal(teacher_before[n], b) for n, b in teacher.items())
     # one copy of the v2 base: exactly one set of base weights in the student model
     base_weights = [n for n in after if n.endswith("embed_tokens.weight")]
     assert len(base_weights) == 1

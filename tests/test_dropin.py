@@ -366,3 +366,59 @@ def test_an_sftconfig_script_runs_with_the_class_swapped(which, models, tmp_path
     assert isinstance(trainer.args, TALRConfig if which == "talr" else MUSCLEConfig)
     assert trainer.args.learning_rate == 3e-3 and trainer.args.max_steps == 2
     check_trains(trainer)
+
+
+@pytest.mark.parametrize("which", ["talr", "muscle"])
+@pytest.mark.parametrize("peft", ["lora", "prompt_tuning"])
+def test_a_peft_model_trains_every_adapter_weight_and_saves_only_its_own(peft, which, models, tmp_path):
+    """A `PeftModel` passed as `model` (TRL's test_train_peft_model / test_prompt_tuning_peft_model): every adapter
+    weight the user sees trains (MUSCLE's frozen teacher copy is not among them), and `save_model` writes the
+    trained adapter alone, which loads back to the trained values."""
+    from peft import LoraConfig, PeftModel, PromptTuningConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    path, old = models["llama"]
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM") if peft == "lora" \
+        else PromptTuningConfig(num_virtual_tokens=4, task_type="CAUSAL_LM")
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(path), config)
+    trainer = make_trainer(which, model, old, tmp_path, {}, train_dataset=Dataset.from_list(rows("messages")))
+    adapter = {n: p.detach().clone() for n, p in trainer.model.named_parameters()
+               if "lora" in n or "prompt_encoder" in n}
+    assert adapter and all(".default." in n for n in adapter), sorted(adapter)
+    check_trains(trainer, adapter=True)
+    assert all(not torch.equal(p, trainer.model.get_parameter(n)) for n, p in adapter.items())
+    trainer.save_model(str(tmp_path / "saved"))
+    assert not any(p.is_dir() for p in (tmp_path / "saved").iterdir())  # no second adapter's folder
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(path), tmp_path / "saved")
+    for n, p in reloaded.named_parameters():
+        if n in adapter:
+            torch.testing.assert_close(p, trainer.model.get_parameter(n), msg=n)
+
+
+@pytest.mark.parametrize("which", ["talr", "muscle"])
+@pytest.mark.parametrize("adapter", [False, True])
+def test_chat_template_path_that_adds_tokens(adapter, which, models, tmp_path):
+    """`chat_template_path` naming a tokenizer with tokens the model lacks (TRL's clone_chat_template grows the
+    student's embeddings): MUSCLE's teachers grow with it, their new rows equal to the student's, and train."""
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+
+    path, old = models["llama"]
+    source = AutoTokenizer.from_pretrained(path)
+    source.add_special_tokens({"additional_special_tokens": ["<|turn|>", "<|end_turn|>"]})
+    source.chat_template = ("{% for m in messages %}<|turn|>{{ m['role'] }}\n{{ m['content'] }}<|end_turn|>\n"
+                            "{% endfor %}")
+    source.save_pretrained(tmp_path / "template")
+    size = AutoTokenizer.from_pretrained(path).__len__()
+    trainer = make_trainer(which, str(path), old, tmp_path / "run", {"chat_template_path": str(tmp_path / "template")},
+                           train_dataset=Dataset.from_list(rows("messages")),
+                           peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+                           if adapter else None)
+    grown = trainer.model.get_input_embeddings().weight
+    assert grown.shape[0] > size and "<|turn|>" in trainer.processing_class.get_vocab()
+    if which == "muscle":
+        for teacher in (trainer.old_model, trainer.new_model):
+            if teacher is not None:
+                torch.testing.assert_close(teacher.get_input_embeddings().weight[size:], grown[size:])
+                assert teacher.get_output_embeddings().weight.shape == trainer.model.get_output_embeddings().weight.shape
+    check_trains(trainer)  # with an adapter, SFTTrainer also trains the new tokens' rows (trainable_token_indices)

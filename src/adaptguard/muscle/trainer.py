@@ -55,7 +55,20 @@ def _load_lora(base, adapter: str):
                          "compatibility adapter from a LoRA task adapter")
     model = PeftModel.from_pretrained(base, adapter, adapter_name="default", is_trainable=True)
     model.load_adapter(adapter, adapter_name=NEW_TEACHER, is_trainable=False)
+    _freeze_as_buffers(model, NEW_TEACHER)
     return model
+
+
+def _freeze_as_buffers(model, adapter_name: str) -> None:
+    """Turn the parameters of adapter `adapter_name` into non-persistent buffers: the frozen teacher copy then stays
+    out of `named_parameters()` (the optimiser, a user's "did every adapter weight train?" check) and out of
+    `state_dict()` (saved checkpoints), as SFTTrainer's model would have it, while PEFT still switches to it by name."""
+    marker = f".{adapter_name}."
+    for name, param in list(model.named_parameters()):
+        if marker in f".{name}":
+            owner, leaf = model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]
+            del owner._parameters[leaf]
+            owner.register_buffer(leaf, param.detach(), persistent=False)
 
 
 def _add_teacher_copy(model) -> None:
@@ -70,7 +83,26 @@ def _add_teacher_copy(model) -> None:
     config.inference_mode = True
     model.add_adapter(NEW_TEACHER, config)
     set_peft_model_state_dict(model, get_peft_model_state_dict(model, adapter_name=name), adapter_name=NEW_TEACHER)
+    _freeze_as_buffers(model, NEW_TEACHER)
     model.set_adapter(name)
+
+
+def match_added_tokens(teacher, student) -> None:
+    """Give `teacher` the rows `student` gained when SFTTrainer's `chat_template_path` added tokens (input embeddings
+    and an untied LM head): the same values, so on the new tokens both teachers start where the student does. A
+    teacher of the student's size is left as it is."""
+    grown, size = student.get_input_embeddings().weight, teacher.get_input_embeddings().weight.shape[0]
+    if grown.shape[0] <= size:
+        return
+    teacher.resize_token_embeddings(grown.shape[0], mean_resizing=False)
+    pairs = [(teacher.get_input_embeddings(), student.get_input_embeddings())]
+    if not teacher.config.get_text_config().tie_word_embeddings:
+        pairs.append((teacher.get_output_embeddings(), student.get_output_embeddings()))
+    with torch.no_grad():
+        for mine, theirs in pairs:
+            mine.weight[size:] = theirs.weight[size:].to(mine.weight)
+            if getattr(mine, "bias", None) is not None:
+                mine.bias[size:] = theirs.bias[size:].to(mine.bias)
 
 
 def backbone_outputs(model, inputs: dict):
@@ -182,7 +214,8 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             if old_model is not None or args.old_model is not None:
                 raise ValueError("give the old model either as a model (old_model) or as old_logits_cache, not both")
             self.old_cache = LogitCache(args.old_logits_cache)
-            self.old_cache.check(processing_class, model.get_output_embeddings().weight.shape[0])
+            cache_vocab = model.get_output_embeddings().weight.shape[0]
+            self.old_cache.check(processing_class, cache_vocab)
         else:
             old_model = self._load_old_model(old_model, args, old_processing_class, processing_class)
             old_vocab = old_model.get_output_embeddings().weight.shape[0]
@@ -207,6 +240,13 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             # before SFTTrainer patches the model's forward or switches on gradient checkpointing
             new_model, self.new_teacher = copy.deepcopy(model), "copy"
         super().__init__(model, args, *pos_args, **kwargs)
+        # SFTTrainer's `chat_template_path` may have added tokens and grown the student's embeddings
+        for teacher in (new_model, old_model if self.old_cache is None else None):
+            if teacher is not None:
+                match_added_tokens(teacher, self.model)
+        if self.old_cache is not None and self.model.get_output_embeddings().weight.shape[0] != cache_vocab:
+            raise ValueError("chat_template_path added tokens that old_logits_cache has no logits for: cache the "
+                             "old model's logits with the same chat template (adaptguard cache-logits)")
         self._forward_redirection = _ForwardRedirection()
         unwrapped = self.accelerator.unwrap_model(self.model)
         self._student_adapter = unwrapped.active_adapter if isinstance(unwrapped, PeftModel) else None
@@ -225,6 +265,16 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
                 self.old_cache.rows_for([row_fingerprint(r["input_ids"], r["labels"]) for r in rows])
         else:
             self.old_model = prepare_frozen_model(old_model, self)
+
+    def _save(self, output_dir: str | None = None, state_dict=None):
+        # the frozen teacher copy is the trainer's, not the user's: a saved model holds the student's adapter only
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        teacher = getattr(unwrapped, "peft_config", {}).pop(NEW_TEACHER, None)
+        try:
+            super()._save(output_dir, state_dict)
+        finally:
+            if teacher is not None:
+                unwrapped.peft_config[NEW_TEACHER] = teacher
 
     @staticmethod
     def _load_old_model(old_model, args, old_processing_class, processing_class):
