@@ -164,6 +164,49 @@ def smooth_flip_metrics(delta, *, n_boot: int = 2000, level: float = 0.95, seed:
 DELTA_KEYS = ("nfr", "pfr", "nfr_mc", "smooth_nfr", "smooth_pfr", "m_g", "m_r")
 
 
+def bootstrap_mean_ci(values, *, n_boot: int = 2000, level: float = 0.95, seed: int | None = 0
+                      ) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-item values (items resampled with replacement).
+
+    Args:
+        values: (N,) floats, one per item (e.g. a per-item difference, or an item's mean over seeds).
+    """
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 1 or len(values) == 0:
+        raise ValueError(f"bootstrap_mean_ci needs a non-empty one-dimensional array, got shape {values.shape}")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def paired_seeds_difference(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int | None = 0) -> dict:
+    """Two arms' 0/1 indicators on the same items over the same seeds (e.g. each arm's negative flips against v1,
+    one row per training seed), compared item by item.
+
+    Args:
+        a, b: (S, N) booleans: S seeds (runs) of each arm on the same N items.
+    Returns:
+        `diff` = mean(a) − mean(b) over seeds and items; `ci`, its percentile bootstrap interval over items (an
+        item's S seeds resampled together, so the interval counts item variation, not S·N independent draws);
+        `per_seed`: for each seed, the discordant items `n_a_only` / `n_b_only` and the exact McNemar `mcnemar_p`.
+    """
+    a, b = (np.asarray(x) for x in (a, b))
+    if a.ndim != 2 or a.shape != b.shape or a.size == 0:
+        raise ValueError(f"paired_seeds_difference needs two equally shaped, non-empty (seeds, items) indicators "
+                         f"({a.shape}, {b.shape})")
+    a = np.array([_as_bool("a", row) for row in a])
+    b = np.array([_as_bool("b", row) for row in b])
+    d = (a.astype(float) - b.astype(float)).mean(0)  # (N,): the item's difference, averaged over seeds
+    per_seed = []
+    for x, y in zip(a, b):
+        a_only, b_only = int((x & ~y).sum()), int((y & ~x).sum())
+        per_seed.append({"n_a_only": a_only, "n_b_only": b_only, "mcnemar_p": mcnemar_exact_p(a_only, b_only)})
+    return {"diff": float(d.mean()), "ci": bootstrap_mean_ci(d, n_boot=n_boot, level=level, seed=seed),
+            "per_seed": per_seed}
+
+
 def paired_rate_difference(a, b, *, n_boot: int = 2000, level: float = 0.95, seed: int | None = 0) -> dict:
     """Two arms' 0/1 indicators on the same items (e.g. each arm's negative flips against v1), compared item by item.
 
@@ -177,14 +220,8 @@ def paired_rate_difference(a, b, *, n_boot: int = 2000, level: float = 0.95, see
     a, b = _as_bool("a", a), _as_bool("b", b)
     if len(a) != len(b) or len(a) == 0:
         raise ValueError(f"paired_rate_difference needs two equally long, non-empty indicators ({len(a)}, {len(b)})")
-    d = a.astype(float) - b.astype(float)
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(1)
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(means, [alpha, 1 - alpha])
-    a_only, b_only = int((a & ~b).sum()), int((b & ~a).sum())
-    return {"diff": float(d.mean()), "ci": (float(lo), float(hi)), "n_a_only": a_only, "n_b_only": b_only,
-            "mcnemar_p": mcnemar_exact_p(a_only, b_only)}
+    out = paired_seeds_difference(a[None], b[None], n_boot=n_boot, level=level, seed=seed)
+    return {"diff": out["diff"], "ci": out["ci"], **out["per_seed"][0]}
 
 
 def delta_metrics(reference: dict, compatible: dict) -> dict:

@@ -105,9 +105,11 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 def tradeoff_plot(base: dict, runs: list[dict], path: Path,
                   title: str = "Domain vs general trade-off per method (embedded tiny model)",
                   xlabel: str = "domain score (held-out questions, exact match)",
-                  ylabel: str = "general score (mean over pretraining skills)") -> None:
-    """One panel per method: its runs coloured by learning rate (min–max bars over seeds), the base model, and
-    the Pareto front of all methods' runs, so each method reads against the best trade-off any method reached."""
+                  ylabel: str = "general score (mean over pretraining skills)",
+                  bar_note: str = "bars: min–max over seeds") -> None:
+    """One panel per method: its runs coloured by learning rate (bars: a run's `domain_bar` / `general_bar` (lo, hi)
+    where given, else min–max over seeds), the base model, and the Pareto front of all methods' runs, so each
+    method reads against the best trade-off any method reached."""
     import math
 
     import matplotlib.colors
@@ -129,11 +131,12 @@ def tradeoff_plot(base: dict, runs: list[dict], path: Path,
         ax.scatter([base["domain"]], [base["general"]], marker="*", s=160, color="black", zorder=3)
         for r in (r for r in runs if r["method"] == method):
             c = colour[r["learning_rate"]]
-            if len(r["seeds"]) > 1:
+            bars = {axis: r.get(f"{axis}_bar") or ((r[f"{axis}_spread"]["min"], r[f"{axis}_spread"]["max"])
+                                                   if len(r["seeds"]) > 1 else None) for axis in ("domain", "general")}
+            if bars["domain"]:
                 ax.errorbar(r["domain"], r["general"], color=c, alpha=0.5, elinewidth=1,
-                            xerr=[[r["domain"] - r["domain_spread"]["min"]], [r["domain_spread"]["max"] - r["domain"]]],
-                            yerr=[[r["general"] - r["general_spread"]["min"]],
-                                  [r["general_spread"]["max"] - r["general"]]])
+                            xerr=[[r["domain"] - bars["domain"][0]], [bars["domain"][1] - r["domain"]]],
+                            yerr=[[r["general"] - bars["general"][0]], [bars["general"][1] - r["general"]]])
             ax.scatter([r["domain"]], [r["general"]], s=45, color=c, edgecolor="black", linewidth=0.5, zorder=4)
         ax.set_title(method, fontsize=10)
         ax.set_xlim(-0.05, 1.05)
@@ -146,7 +149,8 @@ def tradeoff_plot(base: dict, runs: list[dict], path: Path,
     handles += [legend_ax.scatter([], [], s=45, color=colour[lr], edgecolor="black", linewidth=0.5,
                                   label=f"learning rate {lr:g}") for lr in lrs]
     legend_ax.legend(handles=handles, loc="center", fontsize=8, frameon=False,
-                     title="up and right is better" + ("\nbars: min–max over seeds" if len(runs[0]["seeds"]) > 1 else ""),
+                     title="up and right is better" + (f"\n{bar_note}" if "domain_bar" in runs[0]
+                                                       or len(runs[0]["seeds"]) > 1 else ""),
                      title_fontsize=8)
     for ax in axes[len(methods) + 1:]:
         ax.axis("off")

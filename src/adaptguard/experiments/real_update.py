@@ -95,24 +95,33 @@ class Store:
         return target
 
 
+def task_rows(spec: str, name: str = "task") -> list[dict]:
+    """{input, choices, label} rows of `spec`: `bigbench:<task>` (or a bare BIG-bench task name), or a JSONL file."""
+    path = Path(spec)
+    if spec.endswith(".jsonl") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"{name}: no such file {spec!r}")
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from .bigbench import load_tasks
+
+    task = spec.removeprefix("bigbench:")
+    return load_tasks([task])[task]
+
+
+def seeded_order(rows: list[dict], seed: int) -> list[dict]:
+    """`rows` in the order of `random.Random(seed).shuffle` over their indices (the registered splits)."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    return [rows[i] for i in order]
+
+
 def load_rows(cfg: E1Config) -> dict[str, list[dict]]:
     """{train, dev, test}: {input, choices, label} rows in the seeded order, the splits of the registration."""
-    if cfg.task.startswith("bigbench:"):
-        from .bigbench import load_tasks
-
-        name = cfg.task.removeprefix("bigbench:")
-        rows = load_tasks([name])[name]
-    else:
-        path = Path(cfg.task)
-        if not path.is_file():
-            raise ValueError(f"task: {cfg.task!r} is neither bigbench:<task> nor a JSONL file")
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = task_rows(cfg.task, "task")
     need = cfg.n_train + cfg.n_dev + cfg.n_test
     if len(rows) < need:
         raise ValueError(f"task {cfg.task}: {len(rows)} items, the splits need {need}")
-    order = list(range(len(rows)))
-    random.Random(cfg.split_seed).shuffle(order)
-    picked = [rows[i] for i in order[:need]]
+    picked = seeded_order(rows, cfg.split_seed)[:need]
     return {"train": picked[:cfg.n_train], "dev": picked[cfg.n_train:cfg.n_train + cfg.n_dev],
             "test": picked[cfg.n_train + cfg.n_dev:]}
 
@@ -209,16 +218,25 @@ def continued_base(cfg: E1Config, v1_path: str, tokenizer, mix: list[dict], out:
     tokenizer.save_pretrained(out)
 
 
-def score(model, tokenizer, rows: list[dict], work: Path, batch_size: int) -> list[bool]:
-    """Per-item correctness of `model` on `rows` by lm-eval (log-likelihood of each choice), in row order."""
+def score_tasks(model, tokenizer, tasks: dict[str, list[dict]], work: Path, batch_size: int) -> dict[str, list[bool]]:
+    """{task: per-item correctness} of `model` on each task's rows by lm-eval (log-likelihood of each choice), in
+    row order; one lm-eval run for all of them."""
     from ..compat.callback import evaluate_with_lm_eval, task_runs_from_output
     from .bigbench import write_lm_eval_tasks
 
-    (task,) = write_lm_eval_tasks({"rows": rows}, work, prefix="e1_", source="adaptguard E1 split")
-    run = task_runs_from_output(evaluate_with_lm_eval(model, tokenizer, [task], batch_size=batch_size,
-                                                      include_path=[work]))[task]
-    by_id = {s.doc_id: bool(s.metrics["acc"]) for s in run.samples.values()}  # one filter ("none") for choices
-    return [by_id[i] for i in range(len(rows))]
+    names = write_lm_eval_tasks(tasks, work, prefix="split_", source="adaptguard experiment split of {name}")
+    runs = task_runs_from_output(evaluate_with_lm_eval(model, tokenizer, names, batch_size=batch_size,
+                                                       include_path=[work]))
+    out = {}
+    for key, name in zip(tasks, names):
+        by_id = {s.doc_id: bool(s.metrics["acc"]) for s in runs[name].samples.values()}  # one filter ("none")
+        out[key] = [by_id[i] for i in range(len(tasks[key]))]
+    return out
+
+
+def score(model, tokenizer, rows: list[dict], work: Path, batch_size: int) -> list[bool]:
+    """Per-item correctness of `model` on `rows` by lm-eval (log-likelihood of each choice), in row order."""
+    return score_tasks(model, tokenizer, {"rows": rows}, work, batch_size)["rows"]
 
 
 def nfr(old: list[bool], new: list[bool]) -> float:
@@ -428,7 +446,7 @@ def summarise(v1: list[bool], v2: list[bool], arms: dict[str, list[list[bool]]],
     """Per arm: accuracy, NFR, PFR (mean over seeds); against the control, the item-paired ΔNFR averaged over seeds
     with a bootstrap CI over items (an item's seeds resampled together), per-seed McNemar p, and the registered
     verdict."""
-    from ..compat.metrics import flip_metrics, mcnemar_exact_p
+    from ..compat.metrics import flip_metrics, paired_seeds_difference
 
     old = np.asarray(v1, dtype=bool)
     out = {"v2": {k: v for k, v in flip_metrics(old, v2, seed=seed).items()}}
@@ -438,13 +456,10 @@ def summarise(v1: list[bool], v2: list[bool], arms: dict[str, list[list[bool]]],
         out[arm] = {k: float(np.mean([m[k] for m in per_seed])) for k in ("new_acc", "nfr", "pfr")}
         if arm == "control":
             continue
-        d = (negative[arm].astype(float) - negative["control"].astype(float)).mean(0)  # (items,) mean over seeds
-        rng = np.random.default_rng(seed)
-        boots = d[rng.integers(0, len(d), size=(4000, len(d)))].mean(1)
-        lo, hi = (float(x) for x in np.quantile(boots, [0.025, 0.975]))
-        p = [mcnemar_exact_p(int((a & ~c).sum()), int((c & ~a).sum()))
-             for a, c in zip(negative[arm], negative["control"])]
-        out[arm]["vs_control"] = {"delta_nfr": float(d.mean()), "ci": [lo, hi], "mcnemar_p_per_seed": p,
+        d = paired_seeds_difference(negative[arm], negative["control"], n_boot=4000, seed=seed)
+        lo, hi = d["ci"]
+        out[arm]["vs_control"] = {"delta_nfr": d["diff"], "ci": [lo, hi],
+                                  "mcnemar_p_per_seed": [x["mcnemar_p"] for x in d["per_seed"]],
                                   "verdict": verdict(lo, hi)}
     return out
 
