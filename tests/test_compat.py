@@ -373,3 +373,29 @@ def test_paired_rate_difference_against_hand_counts_and_normal_theory():
     assert big["ci"][1] == pytest.approx(d.mean() + half, abs=0.15 * half)
     with pytest.raises(ValueError, match="equally long"):
         paired_rate_difference([1, 0], [1])
+
+
+def test_paired_seeds_difference_resamples_an_items_seeds_together():
+    import numpy as np
+    from scipy.stats import binomtest
+
+    from adaptguard.compat.metrics import paired_seeds_difference
+
+    a = [[1, 1, 0, 0, 1], [1, 0, 0, 0, 1]]
+    b = [[0, 1, 1, 0, 0], [0, 0, 0, 1, 0]]
+    out = paired_seeds_difference(a, b)
+    assert out["diff"] == pytest.approx((3 - 2 + 2 - 1) / 10)
+    assert [(s["n_a_only"], s["n_b_only"]) for s in out["per_seed"]] == [(2, 1), (2, 1)]
+    assert out["per_seed"][0]["mcnemar_p"] == pytest.approx(binomtest(2, 3).pvalue)
+    # three seeds that agree item by item: the interval is that of one seed's items (N items, not 3N draws)
+    rng = np.random.default_rng(5)
+    x, y = rng.random(3000) < 0.25, rng.random(3000) < 0.2
+    out = paired_seeds_difference([x, x, x], [y, y, y], n_boot=4000)
+    d = x.astype(float) - y.astype(float)
+    half = 1.96 * d.std(ddof=1) / np.sqrt(len(d))
+    assert out["ci"][0] == pytest.approx(d.mean() - half, abs=0.15 * half)
+    assert out["ci"][1] == pytest.approx(d.mean() + half, abs=0.15 * half)
+    with pytest.raises(ValueError, match=r"\(seeds, items\)"):
+        paired_seeds_difference([1, 0], [1, 0])
+    with pytest.raises(ValueError, match="0/1 values"):
+        paired_seeds_difference([[2, 0]], [[1, 0]])

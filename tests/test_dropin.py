@@ -395,6 +395,18 @@ def test_a_peft_model_trains_every_adapter_weight_and_saves_only_its_own(peft, w
             torch.testing.assert_close(p, trainer.model.get_parameter(n), msg=n)
 
 
+def template_adding_tokens(path, out) -> str:
+    """A tokenizer folder with `path`'s tokenizer, two new special tokens and a chat template that uses them."""
+    from transformers import AutoTokenizer
+
+    source = AutoTokenizer.from_pretrained(path)
+    source.add_special_tokens({"additional_special_tokens": ["<|turn|>", "<|end_turn|>"]})
+    source.chat_template = ("{% for m in messages %}<|turn|>{{ m['role'] }}\n{{ m['content'] }}<|end_turn|>\n"
+                            "{% endfor %}")
+    source.save_pretrained(out)
+    return str(out)
+
+
 @pytest.mark.parametrize("which", ["talr", "muscle"])
 @pytest.mark.parametrize("adapter", [False, True])
 def test_chat_template_path_that_adds_tokens(adapter, which, models, tmp_path):
@@ -404,13 +416,9 @@ def test_chat_template_path_that_adds_tokens(adapter, which, models, tmp_path):
     from transformers import AutoTokenizer
 
     path, old = models["llama"]
-    source = AutoTokenizer.from_pretrained(path)
-    source.add_special_tokens({"additional_special_tokens": ["<|turn|>", "<|end_turn|>"]})
-    source.chat_template = ("{% for m in messages %}<|turn|>{{ m['role'] }}\n{{ m['content'] }}<|end_turn|>\n"
-                            "{% endfor %}")
-    source.save_pretrained(tmp_path / "template")
     size = AutoTokenizer.from_pretrained(path).__len__()
-    trainer = make_trainer(which, str(path), old, tmp_path / "run", {"chat_template_path": str(tmp_path / "template")},
+    trainer = make_trainer(which, str(path), old, tmp_path / "run", {"chat_template_path": template_adding_tokens(
+                               path, tmp_path / "template")},
                            train_dataset=Dataset.from_list(rows("messages")),
                            peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
                            if adapter else None)
@@ -422,3 +430,26 @@ def test_chat_template_path_that_adds_tokens(adapter, which, models, tmp_path):
                 torch.testing.assert_close(teacher.get_input_embeddings().weight[size:], grown[size:])
                 assert teacher.get_output_embeddings().weight.shape == trainer.model.get_output_embeddings().weight.shape
     check_trains(trainer)  # with an adapter, SFTTrainer also trains the new tokens' rows (trainable_token_indices)
+
+
+def test_chat_template_path_that_adds_tokens_refuses_a_logit_cache_without_them(models, tmp_path):
+    """v1's logit cache has no logits for the tokens `chat_template_path` adds: MUSCLE refuses it, naming the fix
+    (the same cache is accepted when no tokens are added)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptguard import MUSCLEConfig, MUSCLETrainer
+    from adaptguard.muscle.logit_cache import cache_logits_for_training
+
+    path, old = models["llama"]
+    data, tokenizer = Dataset.from_list(rows("messages")), AutoTokenizer.from_pretrained(path)
+    cache = cache_logits_for_training(AutoModelForCausalLM.from_pretrained(old), tokenizer, data, tmp_path / "cache",
+                                      max_length=64)
+
+    def trainer(out, **kw):
+        return MUSCLETrainer(model=str(path), args=MUSCLEConfig(**base_args(out, old_logits_cache=str(cache), **kw)),
+                             train_dataset=data, processing_class=AutoTokenizer.from_pretrained(path))
+
+    assert trainer(tmp_path / "plain").old_cache is not None
+    with pytest.raises(ValueError, match="chat_template_path added tokens that old_logits_cache has no logits for: "
+                                         r"cache the old model's logits with the same chat template"):
+        trainer(tmp_path / "run", chat_template_path=template_adding_tokens(path, tmp_path / "template"))
