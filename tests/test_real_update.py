@@ -95,6 +95,11 @@ def test_pipeline_resumes_after_a_kill(tmp_path, embedded_path, monkeypatch):
         for arm in ("compat", "ll_l", "old_only"):
             assert entry[arm]["vs_control"]["verdict"] in ("reproduced", "contradicted", "not reproduced",
                                                            "inconclusive")
+    md = (tmp_path / "e1" / "report.md").read_text()
+    for update in ("quantized", "continued"):
+        vs = report["updates"][update]["compat"]["vs_control"]
+        assert f"| compat | {report['updates'][update]['compat']['new_acc']:.3f} |" in md
+        assert f"{vs['delta_nfr']:+.3f} ({vs['ci'][0]:+.3f} to {vs['ci'][1]:+.3f})" in md
     # a third run trains and scores nothing
     n = len(trained)
     again = real_update.E1(cfg, say=lambda _: None).run_test()

@@ -146,6 +146,9 @@ def test_test_stage_resumes_after_a_kill(tmp_path, embedded_path, monkeypatch):
     arm = next(a for a in report["arms"] if a["arm"] == "SFT")
     assert arm["domain_acc"] == pytest.approx(np.mean([s["domain"] for s in sft]))
     assert (tmp_path / "e2" / "tradeoff.png").stat().st_size > 0
+    md = (tmp_path / "e2" / "report.md").read_text()
+    for c in report["comparisons"]:
+        assert f"| 0.003 | {c['arm']} | {c['general_nfr']['diff']:+.3f} " in md and c["h1_less_forgetting"] in md
     n = len(trained)
     again = talr_vs_sft.E2(cfg, say=lambda _: None).run_test()  # a third run trains and scores nothing
     assert len(trained) == n and json.loads(json.dumps(again["arms"])) == json.loads(json.dumps(report["arms"]))

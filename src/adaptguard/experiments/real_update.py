@@ -29,6 +29,7 @@ import numpy as np
 
 from ..utils.files import atomic_write_text
 from .muscle_update import finished_dir
+from .sweeps import machine_line, write_report
 
 ARMS = {"compat": "student_wrong", "ll_l": "old_likelier_token", "old_only": "old_only", "control": None}
 MIX_TASKS = ("strategyqa", "logical_fallacy_detection", "implicatures", "movie_recommendation", "navigate",
@@ -438,7 +439,7 @@ class E1:
             arms = {arm: [self.arm_scores(update, setting, arm, s, "test", lr) for s in self.cfg.seeds] for arm in ARMS}
             entry.update(summarise(v1, v2, arms, seed=0))
         report["dev_choices"] = self.choices
-        atomic_write_text(self.root / "report.json", json.dumps(report, indent=2, default=str))
+        write_report(self.root, report, markdown(report))
         return report
 
 
@@ -453,7 +454,7 @@ def summarise(v1: list[bool], v2: list[bool], arms: dict[str, list[list[bool]]],
     negative = {arm: np.array([old & ~np.asarray(s, dtype=bool) for s in runs]) for arm, runs in arms.items()}
     for arm, runs in arms.items():
         per_seed = [flip_metrics(old, s, seed=seed) for s in runs]
-        out[arm] = {k: float(np.mean([m[k] for m in per_seed])) for k in ("new_acc", "nfr", "pfr")}
+        out[arm] = {k: float(np.mean([m[k] for m in per_seed])) for k in ("new_acc", "nfr", "pfr", "btc")}
         if arm == "control":
             continue
         d = paired_seeds_difference(negative[arm], negative["control"], n_boot=4000, seed=seed)
@@ -462,6 +463,34 @@ def summarise(v1: list[bool], v2: list[bool], arms: dict[str, list[list[bool]]],
                                   "mcnemar_p_per_seed": [x["mcnemar_p"] for x in d["per_seed"]],
                                   "verdict": verdict(lo, hi)}
     return out
+
+
+def markdown(report: dict) -> str:
+    """E1's report as Markdown: per update, every arm's accuracy and flips against v1, and each MUSCLE arm against
+    the control with the registered verdict."""
+    cfg = report["config"]
+    lines = [f"# E1: MUSCLE on real updates of {cfg['model']} ({cfg['task']})", "",
+             f"Splits {cfg['n_train']} / {cfg['n_dev']} / {cfg['n_test']} (train / dev / test), seeds "
+             f"{cfg['seeds']}; flips against v1's task model on the {cfg['n_test']} test items. Δ NFR: item-paired, "
+             "averaged over seeds, 95 % bootstrap CI over items (an item's seeds together).", ""]
+    for update, entry in report["updates"].items():
+        lines += [f"## {update}: setting {entry['setting']}, dev NFR {entry['dev_nfr']}", ""]
+        if entry.get("verdict"):
+            lines += [entry["verdict"], ""]
+            continue
+        lines += [f"v1 test accuracy {entry['v2']['old_acc']:.3f}.", "",
+                  "| arm | accuracy | NFR | PFR | BTC | Δ NFR vs control (95 % CI) | McNemar p per seed | verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for arm in ("v2", *ARMS):
+            r = entry[arm]
+            vs = r.get("vs_control")
+            cmp = f"{vs['delta_nfr']:+.3f} ({vs['ci'][0]:+.3f} to {vs['ci'][1]:+.3f}) | " \
+                  f"{', '.join(f'{p:.2g}' for p in vs['mcnemar_p_per_seed'])} | {vs['verdict']}" if vs else " | | "
+            btc = "" if r.get("btc") is None else f"{r['btc']:.3f}"
+            lines.append(f"| {arm} | {r['new_acc']:.3f} | {r['nfr']:.3f} | {r['pfr']:.3f} | {btc} | {cmp} |")
+        lines.append("")
+    lines.append(machine_line(report["machine"]))
+    return "\n".join(lines) + "\n"
 
 
 def verdict(lo: float, hi: float, half_width: float = 0.05) -> str:

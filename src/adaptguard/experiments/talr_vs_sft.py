@@ -27,6 +27,7 @@ import numpy as np
 
 from ..utils.files import atomic_write_text
 from .real_update import Store, score_tasks, seeded_order, task_rows, training_rows, verdict
+from .sweeps import machine_line, write_report
 
 ARMS = {"SFT": "none", "TALR": "talr", "DFT": "dft"}  # arm -> TALRConfig.weighting
 GENERAL_TASKS = ("sports_understanding", "strategyqa", "implicatures", "navigate", "metaphor_boolean", "social_iqa")
@@ -240,7 +241,7 @@ class E2:
                                                 / "train_seconds.json").read_text()) for s in self.cfg.seeds]
                 for arm, lr in runs}
             plot(report, self.root / "tradeoff.png")
-        atomic_write_text(self.root / "report.json", json.dumps(report, indent=2, default=str))
+        write_report(self.root, report, markdown(report))
         return report
 
 
@@ -306,6 +307,39 @@ def plot(report: dict, path: Path) -> None:
     tradeoff_plot(base, runs, path, title=f"E2: TALR vs SFT vs DFT, full fine-tuning of {report['config']['model']}",
                   xlabel="domain accuracy (held-out test items)", ylabel="general accuracy (held-out BIG-bench items)",
                   bar_note="bars: 95 % bootstrap CI (items, seeds together)")
+
+
+def markdown(report: dict) -> str:
+    """E2's report as Markdown: the dev choice, every arm x lr with CIs, and the paired comparisons with verdicts."""
+    cfg, dev = report["config"], report["dev_choices"]
+    lines = [f"# E2: TALR vs SFT vs DFT on {cfg['model']} (domain {cfg['domain']})", "",
+             f"Dev choice: {dev.get('n_train')} training rows, learning rates {dev.get('learning_rates')}; seeds "
+             f"{cfg['seeds']}. Test: {cfg['n_domain_test']} domain items; {cfg['n_general_test']} items of each of "
+             f"{', '.join(cfg['general_tasks'])} (general, flips against the base model).", ""]
+    if "verdict" in report:
+        return "\n".join([*lines, report["verdict"], "", machine_line(report["machine"])]) + "\n"
+    base = report["base"]
+    lines += [f"Base model: domain {base['domain_acc']:.3f}, general {base['general_acc']:.3f}.", "",
+              "| lr | arm | domain acc (95 % CI) | general acc (95 % CI) | general NFR (95 % CI) | general PFR |",
+              "|---|---|---|---|---|---|"]
+    ci = "{:.3f} ({:.3f}–{:.3f})".format
+    for r in report["arms"]:
+        lines.append(f"| {r['lr']:g} | {r['arm']} | {ci(r['domain_acc'], *r['domain_ci'])} | "
+                     f"{ci(r['general_acc'], *r['general_ci'])} | {ci(r['general_nfr'], *r['general_nfr_ci'])} | "
+                     f"{r['general_pfr']:.3f} |")
+    lines += ["", "Paired differences against SFT at the same learning rate (mean over seeds; 95 % bootstrap CI over "
+              "items, an item's seeds together; exact McNemar p per seed on the general NFR's discordant items):", "",
+              "| lr | arm − SFT | Δ general NFR (CI) | McNemar p | Δ domain acc (CI) | Δ general acc (CI) | H1 | H2 |",
+              "|---|---|---|---|---|---|---|---|"]
+    diff = "{:+.3f} ({:+.3f} to {:+.3f})".format
+    for c in report["comparisons"]:
+        p = ", ".join(f"{s['mcnemar_p']:.2g}" for s in c["general_nfr"]["per_seed"])
+        lines.append(f"| {c['lr']:g} | {c['arm']} | {diff(c['general_nfr']['diff'], *c['general_nfr']['ci'])} | {p} | "
+                     f"{diff(c['domain_acc']['diff'], *c['domain_acc']['ci'])} | "
+                     f"{diff(c['general_acc']['diff'], *c['general_acc']['ci'])} | {c['h1_less_forgetting']} | "
+                     f"{c['h2_better_tradeoff']} |")
+    lines += ["", "![trade-off](tradeoff.png)", "", machine_line(report["machine"])]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict:
