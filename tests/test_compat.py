@@ -399,3 +399,18 @@ def test_paired_seeds_difference_resamples_an_items_seeds_together():
         paired_seeds_difference([1, 0], [1, 0])
     with pytest.raises(ValueError, match="0/1 values"):
         paired_seeds_difference([[2, 0]], [[1, 0]])
+
+
+def test_lm_eval_skips_its_own_index_only_when_every_task_is_in_the_given_folders():
+    from pathlib import Path
+
+    from lm_eval.tasks import TaskManager
+
+    from adaptguard.compat.callback import _defined_in
+
+    index = TaskManager(include_path=[str(Path(__file__).parents[1] / "lm_eval_tasks")], include_defaults=False).task_index
+    assert _defined_in(index, ["compat_gsm8k"]) and _defined_in(index, ["compose_logic"])  # a task; a group
+    assert not _defined_in(index, ["compat_gsm8k", "hellaswag"])  # one of lm-eval's own: index everything
+    group = index["compose_logic"]
+    broken = {"compose_logic": group.__class__(**{**vars(group), "cfg": {**group.cfg, "task": ["hellaswag"]}})}
+    assert not _defined_in(broken, ["compose_logic"])  # a group whose member lives in lm-eval's library
