@@ -40,7 +40,7 @@ def main(script_args, training_args):
     from adaptguard import MUSCLETrainer
 
     if script_args.dataset_name == "embedded:domain":
-        from adaptguard.experiments.embedded import domain_split
+        from adaptguard.models.embedded import domain_split
 
         train = Dataset.from_list(domain_split()[0])
     else:

@@ -31,15 +31,15 @@ from datasets import Dataset
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, PrinterCallback
 
+from adaptguard.data.openai_evals import load_set
 from adaptguard.drift.data import corrupt_to_similarity, kept_fraction, reformat_prompt_style
-from adaptguard.experiments.embedded import resolve_model
-from adaptguard.experiments.openai_evals import load_set
-from adaptguard.experiments.progress import progress_bar, say
-from adaptguard.experiments.sweeps import command_line, format_spread, machine_info, report_footer, spread, write_report
+from adaptguard.models.embedded import resolve_model
 from adaptguard.talr.config import TALRConfig
 from adaptguard.talr.trainer import TALRTrainer
 from adaptguard.trl_adapter import no_activation_checkpointing
 from adaptguard.utils.figures import new_figure, save_figure
+from adaptguard.utils.progress import progress_bar, say
+from adaptguard.utils.sweeps import command_line, format_spread, machine_info, report_footer, spread, write_report
 
 
 @dataclass

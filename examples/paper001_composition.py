@@ -27,10 +27,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from adaptguard.compat.callback import evaluate_with_lm_eval
 from adaptguard.compat.metrics import flip_metrics
-from adaptguard.experiments.embedded import resolve_model
-from adaptguard.experiments.progress import say
-from adaptguard.experiments.sweeps import command_line, machine_info, report_footer, write_report
+from adaptguard.models.embedded import resolve_model
 from adaptguard.utils.figures import new_figure, save_figure
+from adaptguard.utils.progress import say
+from adaptguard.utils.sweeps import command_line, machine_info, report_footer, write_report
 
 SETTINGS = ("simple1", "simple2", "composite", "composite_icl")
 # (suite, pair) -> separable? (paper 001 §4.3.1: the by-parts composites A+F, D+F; §4.3.2: both translations)

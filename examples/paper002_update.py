@@ -32,12 +32,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
-from adaptguard.experiments.embedded import cache_root, resolve_model
-from adaptguard.experiments.muscle_update import UpdateConfig, run_update
-from adaptguard.experiments.openai_evals import as_prompt_completion, load_set
-from adaptguard.experiments.progress import say
-from adaptguard.experiments.sweeps import command_line, machine_info, report_footer, write_report
+from adaptguard.data.openai_evals import as_prompt_completion, load_set
+from adaptguard.models.embedded import cache_root, resolve_model
+from adaptguard.update import UpdateConfig, run_update
 from adaptguard.utils.files import replace_dir
+from adaptguard.utils.progress import say
+from adaptguard.utils.sweeps import command_line, machine_info, report_footer, write_report
 
 # v2: v1 trained on (full fine-tuning, language modelling) on LogiQA passages. Set once, before any update run.
 V2_RECIPE = {"text": "logiqa passages (the text before 'Question:')", "passages": 32, "max_steps": 8,

@@ -33,12 +33,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from adaptguard.compat.callback import evaluate_with_lm_eval, task_runs_from_output
 from adaptguard.compat.compare import compare_task
-from adaptguard.experiments.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
+from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
+from adaptguard.data.openai_evals import as_letter_choices, as_prompt_completion, load_set
 from adaptguard.experiments.demo import METHODS, Method, tradeoff_plot, train_method
-from adaptguard.experiments.embedded import resolve_model
-from adaptguard.experiments.openai_evals import as_letter_choices, as_prompt_completion, load_set
-from adaptguard.experiments.progress import progress_bar, say
-from adaptguard.experiments.sweeps import command_line, machine_info, report_footer, spread, write_report
+from adaptguard.models.embedded import resolve_model
+from adaptguard.utils.progress import progress_bar, say
+from adaptguard.utils.sweeps import command_line, machine_info, report_footer, spread, write_report
 
 ALL_METHODS = {**METHODS, "DFT": Method("DFT", {"weighting": "dft"})}
 ALL_METHODS.pop("FLOW")  # not among the baselines; `adaptguard demo` runs it on the toy

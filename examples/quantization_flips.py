@@ -26,9 +26,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 from adaptguard.compat.callback import evaluate_with_lm_eval, task_runs_from_output
 from adaptguard.compat.compare import compare_task
 from adaptguard.compat.report import plot_quadrants
-from adaptguard.experiments.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
-from adaptguard.experiments.embedded import resolve_model
-from adaptguard.experiments.sweeps import command_line, machine_info, machine_line, write_report
+from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
+from adaptguard.models.embedded import resolve_model
+from adaptguard.utils.sweeps import command_line, machine_info, machine_line, write_report
 
 
 @dataclass

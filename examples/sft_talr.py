@@ -39,7 +39,7 @@ def load_train_eval(script_args):
     from datasets import Dataset, DatasetDict, load_dataset
 
     if script_args.dataset_name == "embedded:domain":
-        from adaptguard.experiments.embedded import domain_split
+        from adaptguard.models.embedded import domain_split
 
         train, test = domain_split()
         return DatasetDict({"train": Dataset.from_list(train), "test": Dataset.from_list(test)})

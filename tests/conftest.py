@@ -12,7 +12,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def embedded_path() -> Path:
-    from adaptguard.experiments.embedded import embedded_model_path
+    from adaptguard.models.embedded import embedded_model_path
 
     return embedded_model_path("tiny")
 
@@ -20,7 +20,7 @@ def embedded_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_v2_path() -> Path:
     """The embedded "tiny-v2" (the updated base of the model-update tests), shipped with the package."""
-    from adaptguard.experiments.embedded import embedded_model_path
+    from adaptguard.models.embedded import embedded_model_path
 
     return embedded_model_path("tiny-v2")
 

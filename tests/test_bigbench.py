@@ -27,7 +27,7 @@ def fake_sdist(path, tasks):
 
 
 def test_load_tasks_reads_multiple_choice_examples_with_bigbench_prompts(tmp_path, monkeypatch):
-    from adaptguard.experiments.bigbench import load_tasks
+    from adaptguard.data.bigbench import load_tasks
 
     monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path / "cache"))
     sdist = fake_sdist(tmp_path / "bigbench-1.0.0.tar.gz", {"toy": TOY, "qa": QA})
@@ -49,7 +49,7 @@ def test_load_tasks_reads_multiple_choice_examples_with_bigbench_prompts(tmp_pat
 def test_written_tasks_load_in_lm_eval(tmp_path):
     from lm_eval.tasks import TaskManager, get_task_dict
 
-    from adaptguard.experiments.bigbench import write_lm_eval_tasks
+    from adaptguard.data.bigbench import write_lm_eval_tasks
 
     rows = [{"input": "Q: 2 + 2?\nA:", "choices": ["3", "4"], "label": 1}] * 3
     names = write_lm_eval_tasks({"qa": rows}, tmp_path, limit=2)

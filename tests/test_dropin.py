@@ -14,7 +14,7 @@ import torch
 from conftest import ROOT
 from datasets import Dataset, IterableDataset
 
-TINY = ROOT / "src" / "adaptguard" / "experiments" / "embedded_models" / "tiny"
+TINY = ROOT / "src" / "adaptguard" / "models" / "embedded_models" / "tiny"
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
              max_position_embeddings=256, head_dim=8)
 ARCHS = {  # model_type: what the config needs beyond SMALL to be tiny and valid

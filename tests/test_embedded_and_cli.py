@@ -8,7 +8,7 @@ from conftest import ROOT
 
 
 def test_tokenizer_is_deterministic_and_round_trips():
-    from adaptguard.experiments.embedded import EMBEDDED_MODELS, build_tokenizer
+    from adaptguard.models.embedded import EMBEDDED_MODELS, build_tokenizer
 
     spec = EMBEDDED_MODELS["tiny"]
     a, b = build_tokenizer(spec), build_tokenizer(spec)
@@ -22,7 +22,7 @@ def test_tokenizer_is_deterministic_and_round_trips():
 
 def test_embedded_model_has_general_abilities_and_lacks_the_domain(tiny):
     from adaptguard.experiments.demo import general_scores
-    from adaptguard.experiments.embedded import (
+    from adaptguard.models.embedded import (
         EMBEDDED_MODELS,
         domain_split,
         exact_match_score,
@@ -38,7 +38,7 @@ def test_embedded_model_has_general_abilities_and_lacks_the_domain(tiny):
 
 
 def test_domain_split_holds_out_entities():
-    from adaptguard.experiments.embedded import domain_split
+    from adaptguard.models.embedded import domain_split
 
     train, test = domain_split(n_train=300)
     assert len(train) == 300
@@ -53,7 +53,7 @@ def test_shipped_bases_are_the_recipes_bases(embedded_path, tiny_v2_path):
 
     from transformers import AutoTokenizer
 
-    from adaptguard.experiments import embedded
+    from adaptguard.models import embedded
 
     manifest = embedded.shipped_manifest()
     for name, path in (("tiny", embedded_path), ("tiny-v2", tiny_v2_path)):
@@ -73,7 +73,7 @@ def _shipped_copy(tmp_path, monkeypatch):
     """A copy of the shipped bases that `embedded_model_path` reads instead of the package's."""
     import shutil
 
-    from adaptguard.experiments import embedded
+    from adaptguard.models import embedded
 
     copy = tmp_path / "embedded_models"
     shutil.copytree(embedded.SHIPPED_DIR, copy)
@@ -84,7 +84,7 @@ def _shipped_copy(tmp_path, monkeypatch):
 
 def test_a_damaged_or_missing_shipped_file_is_refused_naming_it(tmp_path, monkeypatch, capsys):
     from adaptguard.cli import main
-    from adaptguard.experiments.embedded import embedded_model_path
+    from adaptguard.models.embedded import embedded_model_path
 
     copy = _shipped_copy(tmp_path, monkeypatch)
     assert embedded_model_path("tiny") == copy / "tiny"  # intact: loads
@@ -115,7 +115,7 @@ def test_compare_builds_measures_the_distance(tmp_path, embedded_path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from adaptguard.experiments.embedded import EMBEDDED_MODELS, compare_builds, weights_fingerprint
+    from adaptguard.models.embedded import EMBEDDED_MODELS, compare_builds, weights_fingerprint
 
     spec = EMBEDDED_MODELS["tiny"]
     copy = tmp_path / "copy"
@@ -143,7 +143,7 @@ def test_rebuild_trains_and_reports_without_failing(tmp_path, monkeypatch, capsy
     import dataclasses
 
     from adaptguard.cli import main
-    from adaptguard.experiments import embedded
+    from adaptguard.models import embedded
 
     short = dataclasses.replace(embedded.EMBEDDED_MODELS["tiny"], pretrain_steps=30)
     monkeypatch.setitem(embedded.EMBEDDED_MODELS, "tiny", short)
@@ -166,14 +166,14 @@ def test_rebuild_trains_and_reports_without_failing(tmp_path, monkeypatch, capsy
 
 
 def test_unknown_embedded_name():
-    from adaptguard.experiments.embedded import embedded_model_path
+    from adaptguard.models.embedded import embedded_model_path
 
     with pytest.raises(ValueError, match=r"known: \['tiny', 'tiny-v2', 'smollm2'\]"):
         embedded_model_path("huge")
 
 
 def test_exact_match_score():
-    from adaptguard.experiments.embedded import exact_match_score
+    from adaptguard.models.embedded import exact_match_score
 
     with pytest.raises(ValueError, match="at least one row"):
         exact_match_score(None, None, [])
@@ -232,7 +232,7 @@ def test_pareto_front():
 def test_train_steps_draws_a_progress_bar(capfd):
     import torch
 
-    from adaptguard.experiments.loop import train_steps
+    from adaptguard.utils.loop import train_steps
 
     model = torch.nn.Linear(2, 1)
     optim = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -13,6 +13,19 @@ from conftest import ROOT
 PLUGIN = ROOT / "plugins" / "adaptguard-embedding-similarity"
 
 
+def installed_version() -> str | None:
+    """The plugin's version in the running environment (a user may have pip-installed it, as README invites), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("adaptguard-embedding-similarity")
+    except PackageNotFoundError:
+        return None
+
+
+BEFORE = installed_version()  # read at collection, before the fixture below installs anything
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> dict:
     """The environment of a subprocess that sees the plugin (installed into a temporary --target)."""
@@ -29,11 +42,10 @@ def installed(tmp_path_factory) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
 
 
-def test_the_plugin_is_not_in_the_running_environment(installed):
-    from importlib.metadata import PackageNotFoundError, version
-
-    with pytest.raises(PackageNotFoundError):
-        version("adaptguard-embedding-similarity")
+def test_installing_for_the_tests_leaves_the_running_environment_as_it_was(installed):
+    """The fixture installs into a temporary target: the running environment has the plugin exactly when it had it
+    before (whether or not the user installed it), not because a test put it there."""
+    assert installed_version() == BEFORE
 
 
 def independent_cosines(pred, refs):

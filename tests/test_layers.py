@@ -31,6 +31,9 @@ def test_import_contracts_hold():
 @pytest.mark.parametrize("culprit, contract", [
     ("talr/losses.py", "The paper maths imports only"),       # maths reaching for a trainer library
     ("muscle/masks.py", "The library never imports the experiments"),
+    ("update/config.py", "The library never imports the experiments"),  # the product's own homes
+    ("models/embedded.py", "The library never imports the experiments"),
+    ("data/bigbench.py", "The library never imports the experiments"),
     ("utils/labels.py", "No import cycles"),                   # utils -> talr while talr imports utils
 ])
 def test_a_bad_import_breaks_a_contract(tmp_path, culprit, contract):
@@ -40,7 +43,10 @@ def test_a_bad_import_breaks_a_contract(tmp_path, culprit, contract):
     shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     bad = {"talr/losses.py": "import transformers  # noqa\n",
-           "muscle/masks.py": "from ..experiments import sweeps  # noqa\n",
+           "muscle/masks.py": "from ..experiments import common  # noqa\n",
+           "update/config.py": "from ..experiments import common  # noqa\n",
+           "models/embedded.py": "from ..experiments import demo  # noqa\n",
+           "data/bigbench.py": "from ..experiments.talr_vs_sft import E2  # noqa\n",
            "utils/labels.py": "from ..talr import losses  # noqa\n"}[culprit]
     path = tmp_path / "src" / "adaptguard" / culprit
     path.write_text(path.read_text() + bad)
@@ -48,6 +54,19 @@ def test_a_bad_import_breaks_a_contract(tmp_path, culprit, contract):
     assert proc.returncode != 0
     broken = proc.stdout[proc.stdout.index("Broken contracts"):]
     assert contract in broken, proc.stdout[-3000:]
+
+
+def test_only_the_cli_and_the_studies_may_import_the_studies():
+    """The "never imports the experiments" contract names every subpackage and module of adaptguard but the CLI and
+    `experiments` itself, so a new package (a new product home) cannot slip past it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    sources = set(next(c for c in contracts if c["name"] == "The library never imports the experiments")["source_modules"])
+    package = ROOT / "src" / "adaptguard"
+    library = {f"adaptguard.{p.stem}" for p in package.iterdir()
+               if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
+    assert library - {"adaptguard.cli", "adaptguard.experiments"} == sources
 
 
 def test_importing_the_maths_loads_no_glue():

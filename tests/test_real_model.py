@@ -17,7 +17,7 @@ pytestmark = pytest.mark.real
 def smollm2_path():
     if importlib.util.find_spec("gguf") is None:
         pytest.skip('embedded:smollm2 needs the [real] extra: pip install -e ".[real]"')
-    from adaptguard.experiments.embedded import embedded_model_path
+    from adaptguard.models.embedded import embedded_model_path
 
     return embedded_model_path("smollm2")
 
@@ -134,7 +134,8 @@ def test_update_with_control_and_no_v2_adapter_on_smollm2(smollm2_path, tmp_path
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adaptguard.experiments.muscle_update import UpdateConfig, generate_answers, run_update
+    from adaptguard.update import UpdateConfig, run_update
+    from adaptguard.utils.generation import generate_answers
 
     rows = [{"prompt": f"Q: What is the opposite of {a}?\nA:", "completion": f" {b}"}
             for a, b in (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"))]

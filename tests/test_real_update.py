@@ -9,7 +9,7 @@ import pytest
 
 def toy_task(tmp_path, embedded_path):
     """Two-choice capital questions from the embedded model's facts (the right city and another one)."""
-    from adaptguard.experiments.embedded import EMBEDDED_MODELS, world_facts
+    from adaptguard.models.embedded import EMBEDDED_MODELS, world_facts
 
     facts = world_facts(EMBEDDED_MODELS["tiny"])
     rows = []

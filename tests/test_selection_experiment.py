@@ -7,12 +7,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from adaptguard.experiments.embedded import (
-    ANTONYMS,
-    EMBEDDED_MODELS,
-    domain_rows,
-    world_facts,
-)
 from adaptguard.experiments.selection import (
     GRID,
     QUICK,
@@ -25,6 +19,12 @@ from adaptguard.experiments.selection import (
     skill_pairs,
     task_pool,
     task_rows,
+)
+from adaptguard.models.embedded import (
+    ANTONYMS,
+    EMBEDDED_MODELS,
+    domain_rows,
+    world_facts,
 )
 
 
@@ -200,7 +200,7 @@ def test_micro_run_writes_the_report_and_the_full_mixture(micro_run):
 
 
 def test_base_scores_are_recomputed_independently(micro_run, tiny):
-    from adaptguard.experiments.muscle_update import generate_answers
+    from adaptguard.utils.generation import generate_answers
     from adaptguard.utils.threads import torch_threads
 
     _, report = micro_run

@@ -2,7 +2,7 @@ import pytest
 
 
 def test_spread_and_its_format():
-    from adaptguard.experiments.sweeps import format_spread, spread
+    from adaptguard.utils.sweeps import format_spread, spread
 
     s = spread([0.5, 0.25, 1.0])
     assert s == {"mean": pytest.approx(1.75 / 3), "min": 0.25, "max": 1.0, "n": 3}
@@ -14,7 +14,7 @@ def test_spread_and_its_format():
 
 @pytest.mark.parametrize("bad", [0, -3, True, 2.0, "5"])
 def test_seed_list_rejects_what_is_not_a_positive_integer(bad):
-    from adaptguard.experiments.sweeps import seed_list
+    from adaptguard.utils.sweeps import seed_list
 
     with pytest.raises(ValueError, match="--seeds: expected a positive integer"):
         seed_list(bad)
@@ -23,7 +23,7 @@ def test_seed_list_rejects_what_is_not_a_positive_integer(bad):
 def test_seed_list_and_machine_info():
     import torch
 
-    from adaptguard.experiments.sweeps import machine_info, machine_line, seed_list
+    from adaptguard.utils.sweeps import machine_info, machine_line, seed_list
 
     assert seed_list(3) == [0, 1, 2]
     info = machine_info()
@@ -52,7 +52,7 @@ def test_command_line_parses_back_to_the_same_arguments():
 
     from transformers import HfArgumentParser
 
-    from adaptguard.experiments.sweeps import command_line
+    from adaptguard.utils.sweeps import command_line
 
     @dataclass
     class Args:

@@ -19,7 +19,7 @@ def _two_choice(rows):
 def toy_tasks(tmp_path):
     """The domain: the toy's facts and antonyms in a question format; general: the same knowledge in the format the
     toy was pretrained on (two JSONL tasks)."""
-    from adaptguard.experiments.embedded import ANTONYMS, EMBEDDED_MODELS, world_facts
+    from adaptguard.models.embedded import ANTONYMS, EMBEDDED_MODELS, world_facts
 
     facts = world_facts(EMBEDDED_MODELS["tiny"])
     pairs = [*ANTONYMS, *[(b, a) for a, b in ANTONYMS]]

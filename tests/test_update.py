@@ -13,7 +13,8 @@ def test_update_pipeline_on_embedded_bases(tmp_path, lm_runs, tiny_v2_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adaptguard.experiments.muscle_update import generate_answers, run_update, tiny_preset
+    from adaptguard.update import run_update, tiny_preset
+    from adaptguard.utils.generation import generate_answers
 
     cfg = tiny_preset(str(tmp_path / "out"))
     cfg.task_epochs, cfg.compat_epochs = 2, 1  # the mechanics, quickly: no rate is asserted
@@ -65,7 +66,7 @@ def test_update_pipeline_on_embedded_bases(tmp_path, lm_runs, tiny_v2_path):
 
 
 def test_paraphrase_split_holds_out_prompts():
-    from adaptguard.experiments.muscle_update import paraphrase_split
+    from adaptguard.update import paraphrase_split
 
     train, test = paraphrase_split()
     assert len(train) == 108 and len(test) == 252
@@ -85,12 +86,10 @@ def test_old_only_mask_moves_the_student_to_v1s_answers(tmp_path, embedded_path)
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
     from adaptguard import MUSCLEConfig, MUSCLETrainer
-    from adaptguard.experiments.embedded import EMBEDDED_MODELS, world_facts
-    from adaptguard.experiments.muscle_update import (
-        UpdateConfig,
-        _train_task_adapter,
-        generate_answers,
-    )
+    from adaptguard.models.embedded import EMBEDDED_MODELS, world_facts
+    from adaptguard.update import UpdateConfig
+    from adaptguard.update.pipeline import _train_task_adapter
+    from adaptguard.utils.generation import generate_answers
 
     base = str(embedded_path)
     tok = AutoTokenizer.from_pretrained(base)
@@ -163,7 +162,7 @@ def test_cli_seed_sweep_reports_the_spread_of_the_per_seed_runs(tmp_path, embedd
 
 
 def test_config_file_errors(tmp_path):
-    from adaptguard.experiments.muscle_update import UpdateConfig
+    from adaptguard.update import UpdateConfig
 
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -184,7 +183,7 @@ def test_vocabulary_mismatch_is_refused_before_training(tmp_path, embedded_path)
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from adaptguard.experiments.muscle_update import UpdateConfig, run_update
+    from adaptguard.update import UpdateConfig, run_update
 
     other = tmp_path / "other_base"
     shutil.copytree(embedded_path, other)
@@ -225,14 +224,15 @@ def test_load_any_dataset(tmp_path):
 def test_example_config_is_valid():
     from conftest import ROOT
 
-    from adaptguard.experiments.muscle_update import UpdateConfig
+    from adaptguard.update import UpdateConfig
 
     cfg = UpdateConfig.from_file(ROOT / "examples" / "update_config.json")
     assert cfg.lora_r == 128 and cfg.temperature == 2.0 and cfg.lm_eval_tasks == ["compat_piqa"]
 
 
 def test_extra_args_override_the_training_defaults():
-    from adaptguard.experiments.muscle_update import UpdateConfig, _training_kwargs
+    from adaptguard.update import UpdateConfig
+    from adaptguard.update.pipeline import _training_kwargs
 
     cfg = UpdateConfig(old_base="a", new_base="b", train=[], test=[], extra_args={"bf16": True, "logging_steps": 3})
     kwargs = _training_kwargs(cfg, output_dir="o", learning_rate=0.1)
@@ -242,8 +242,9 @@ def test_extra_args_override_the_training_defaults():
 def test_an_interrupted_update_leaves_no_half_trained_adapter(tmp_path, embedded_path, tiny_v2_path, monkeypatch):
     """Ctrl-C during a training: the adapter folder being trained does not appear, its temporary folder is removed,
     and what finished before stays whole."""
-    from adaptguard.experiments.muscle_update import finished_dir, run_update, tiny_preset
     from adaptguard.talr.trainer import TALRTrainer
+    from adaptguard.update import run_update, tiny_preset
+    from adaptguard.utils.files import finished_dir
 
     def interrupted(self, *args, **kwargs):  # a training that wrote a checkpoint, then got Ctrl-C
         (Path(self.args.output_dir) / "checkpoint-1").mkdir(parents=True)
@@ -306,7 +307,8 @@ def test_a_finished_task_adapter_is_reused_only_for_the_same_training(tmp_path, 
 
     from transformers import AutoTokenizer
 
-    from adaptguard.experiments.muscle_update import UpdateConfig, _train_task_adapter
+    from adaptguard.update import UpdateConfig
+    from adaptguard.update.pipeline import _train_task_adapter
 
     base, tok = str(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
     rows = [{"prompt": "question : capital of a ? answer :", "completion": " b ."}] * 4
@@ -330,7 +332,8 @@ def test_update_without_a_v2_task_adapter(tmp_path, embedded_path, tiny_v2_path)
     is, and the compatibility and control adapters are trained fresh on it (both from the same LoRA init)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adaptguard.experiments.muscle_update import generate_answers, run_update, tiny_preset
+    from adaptguard.update import run_update, tiny_preset
+    from adaptguard.utils.generation import generate_answers
 
     cfg = tiny_preset(str(tmp_path / "out"))
     cfg.new_task_adapter, cfg.task_epochs, cfg.compat_epochs = False, 1, 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 def _demo(ns: argparse.Namespace) -> int:
     from .experiments.demo import run_demo
-    from .experiments.sweeps import seed_list
+    from .utils.sweeps import seed_list
 
     if ns.seeds is not None:
         seed_list(ns.seeds)  # a bad --seeds fails before anything is announced or written
@@ -21,7 +21,7 @@ def _demo(ns: argparse.Namespace) -> int:
 
 
 def _embedded(ns: argparse.Namespace) -> int:
-    from .experiments.embedded import embedded_model_path, rebuild_embedded, shipped_manifest, weights_fingerprint
+    from .models.embedded import embedded_model_path, rebuild_embedded, shipped_manifest, weights_fingerprint
 
     if ns.rebuild:
         report = rebuild_embedded(ns.name, ns.rebuild)
@@ -100,7 +100,7 @@ def _embedded_names(arg: str) -> str:
     """`--model_args pretrained=embedded:smollm2,...`: each `embedded:<name>` value becomes that model's local path."""
     import re
 
-    from .experiments.embedded import resolve_model
+    from .models.embedded import resolve_model
 
     return re.sub(r"(?<==)embedded:[\w-]+", lambda m: resolve_model(m.group(0)), arg)
 
@@ -190,7 +190,7 @@ def _cache_logits(ns: argparse.Namespace) -> int:
     from .utils.files import check_replaceable
 
     check_replaceable(Path(ns.out), is_logit_cache, "a logit cache", "--out")  # before loading anything
-    from .experiments.embedded import resolve_model
+    from .models.embedded import resolve_model
 
     ns.old_model, ns.tokenizer = resolve_model(ns.old_model), ns.tokenizer and resolve_model(ns.tokenizer)
     for name, value in (("--old-model", ns.old_model), ("--old-adapter", ns.old_adapter), ("--tokenizer", ns.tokenizer)):
@@ -209,7 +209,7 @@ def _cache_logits(ns: argparse.Namespace) -> int:
 
 
 def _update(ns: argparse.Namespace) -> int:
-    from .experiments.muscle_update import (
+    from .update import (
         UpdateConfig,
         run_update,
         run_update_seeds,
@@ -219,14 +219,14 @@ def _update(ns: argparse.Namespace) -> int:
     if (ns.config is None) == (ns.preset is None):
         raise ValueError("give a CONFIG file or --preset tiny (one of them)")
     if ns.seeds is not None:
-        from .experiments.sweeps import seed_list
+        from .utils.sweeps import seed_list
 
         seeds = seed_list(ns.seeds)  # before any model is built
     cfg = tiny_preset(ns.out or "update-out") if ns.preset else UpdateConfig.from_file(ns.config)
     if ns.out and not ns.preset:
         cfg.output_dir = ns.out
     if ns.seeds is not None:
-        from .experiments.sweeps import format_spread
+        from .utils.sweeps import format_spread
 
         def make_config(seed: int) -> UpdateConfig:  # the preset also re-draws its train/test split
             return tiny_preset(split_seed=seed, seed=seed) if ns.preset else dataclasses.replace(cfg, seed=seed)
@@ -246,7 +246,7 @@ def _update(ns: argparse.Namespace) -> int:
 
 def _default_model(name: str | None) -> str:
     """The embedded default when no model is named: every command runs offline. `embedded:<name>` names one."""
-    from .experiments.embedded import embedded_model_path, resolve_model
+    from .models.embedded import embedded_model_path, resolve_model
 
     if name:
         name = resolve_model(name)
@@ -282,7 +282,7 @@ def _drift_experiment(ns: argparse.Namespace) -> int:
     from .utils.threads import torch_threads
 
     with torch_threads(ns.threads):
-        from .experiments.sweeps import seed_list
+        from .utils.sweeps import seed_list
 
         # repetition k uses seed k: --seeds N runs seeds 0..N-1 at every r
         overrides = {} if ns.seeds is None else {"repetitions": len(seed_list(ns.seeds))}
@@ -488,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.set_defaults(func=_cache_logits)
     upd = sub.add_parser("update", help="Paper 002's update experiment: task adapters on v1 and v2 (or v2 as it is), "
                          "the MUSCLE compatibility adapter and a cross-entropy control adapter, flips, report.")
-    upd.add_argument("config", nargs="?", help="JSON config (fields of adaptguard.experiments.muscle_update.UpdateConfig)")
+    upd.add_argument("config", nargs="?", help="JSON config (fields of adaptguard.update.UpdateConfig)")
     upd.add_argument("--preset", choices=["tiny"], help="run on the embedded default (tiny -> tiny-v2)")
     upd.add_argument("--out", help="output directory (overrides the config's output_dir)")
     upd.add_argument("--seeds", type=int, help="repeat over seeds 0..N-1 (the preset also re-draws its split) and "
@@ -579,9 +579,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
+    from .utils.quiet import hide_unused_library_noise
+
     # PEFT (0.21) reads transformers' deprecated `is_gradient_checkpointing` when it wraps a model: a warning about
     # the two libraries that nobody running this command can act on
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    hide_unused_library_noise()  # bitsandbytes' kernel download note, said only when a 4-bit model is loaded
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["lm-eval"]:  # pass everything, --help included, to lm-eval itself
         return _guarded("lm-eval", lambda: run_lm_eval(argv[1:]))

@@ -54,7 +54,7 @@ from ..tasks.compose import (
     word_exact_match,
 )
 from ..utils.files import atomic_write_text
-from .loop import train_steps
+from ..utils.loop import train_steps
 
 _ANSWER = re.compile(r"output:( [^\n]*\n)")  # a demonstration's or the query's answer, with its newline
 
@@ -182,7 +182,7 @@ def evaluate(model, tokenizer, ks: dict[str, int], n_test: int, seed: int, max_n
     """(table, predictions) over the pairs of `ks` (pair -> K) x SETTINGS: table[pair][setting] holds the
     mean `word_exact_match` and `exact_match` of greedy answers to `n_test` prompts, predictions[pair][setting]
     the per-item rows (`input`, `outputs`, `prediction`)."""
-    from .muscle_update import generate_answers
+    from ..utils.generation import generate_answers
 
     table, predictions = {}, {}
     for pair, k in ks.items():
@@ -260,7 +260,7 @@ def _run(config: CompositionConfig, seed: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .embedded import embedded_model_path
+    from ..models.embedded import embedded_model_path
 
     path = embedded_model_path(config.model)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
@@ -289,7 +289,7 @@ def run_composition_seeds(out_dir: str | Path, *, quick: bool = False, seeds: li
 
     Returns {"seeds", "table": {pair: {setting: {metric: spread}}}, "ks", "per_seed": [result without its
     predictions], "machine", "markdown"} and writes it to `out_dir/composition.json`."""
-    from .sweeps import machine_info, spread
+    from ..utils.sweeps import machine_info, spread
 
     if not seeds:
         raise ValueError("seeds: give at least one seed")
@@ -310,7 +310,7 @@ def run_composition_seeds(out_dir: str | Path, *, quick: bool = False, seeds: li
 
 def seeds_markdown_section(result: dict) -> str:
     """The demo report's section over seeds: each cell's mean (min–max) over the seeds."""
-    from .sweeps import format_spread, machine_line
+    from ..utils.sweeps import format_spread, machine_line
 
     first = result["per_seed"][0]
     lines = first["markdown"].split("\n")

@@ -79,8 +79,8 @@ import torch
 from ..drift.bsc import bsc_samples, reference_string, similar_reference, similarity
 from ..utils.figures import new_figure, save_figure
 from ..utils.files import atomic_write_text
-from .loop import train_steps
-from .progress import progress_bar
+from ..utils.loop import train_steps
+from ..utils.progress import progress_bar
 
 __all__ = [
     "BOS",
@@ -425,7 +425,7 @@ def run_drift_experiment(out_dir: str | os.PathLike[str], *, quick: bool = False
                 bar.update()
                 if progress is not None:
                     progress(runs[-1])
-    from .sweeps import machine_info
+    from ..utils.sweeps import machine_info
 
     result = {**summarize(runs, config.similarities), "optimal_loss": -math.log(1 - config.delta),
               "runs": runs, "settings": {**config.settings(), "preset": "quick" if quick else "default"},

@@ -28,8 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from ..utils.files import atomic_write_text
-from .muscle_update import finished_dir
-from .sweeps import machine_line, write_report
+from ..utils.quiet import hide_unused_library_noise, note_4bit_kernel
+from ..utils.store import Store
+from ..utils.sweeps import machine_line, write_report
+from .common import nfr, score, seeded_order, task_rows, training_rows, verdict
 
 ARMS = {"compat": "student_wrong", "ll_l": "old_likelier_token", "old_only": "old_only", "control": None}
 MIX_TASKS = ("strategyqa", "logical_fallacy_detection", "implicatures", "movie_recommendation", "navigate",
@@ -78,44 +80,6 @@ def _key(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-class Store:
-    """Finished steps under `root`, each a folder with `done.json` = the settings that made it: reused when they
-    match, redone (replacing the folder only once the new one is complete) when they do not."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def get(self, name: str, settings: dict, make) -> Path:
-        target = self.root / name
-        marker = target / "done.json"
-        if marker.exists() and json.loads(marker.read_text()) == json.loads(json.dumps(settings, default=str)):
-            return target
-        with finished_dir(target) as tmp:
-            make(tmp)
-            (tmp / "done.json").write_text(json.dumps(settings, default=str))
-        return target
-
-
-def task_rows(spec: str, name: str = "task") -> list[dict]:
-    """{input, choices, label} rows of `spec`: `bigbench:<task>` (or a bare BIG-bench task name), or a JSONL file."""
-    path = Path(spec)
-    if spec.endswith(".jsonl") or path.is_file():
-        if not path.is_file():
-            raise ValueError(f"{name}: no such file {spec!r}")
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    from .bigbench import load_tasks
-
-    task = spec.removeprefix("bigbench:")
-    return load_tasks([task])[task]
-
-
-def seeded_order(rows: list[dict], seed: int) -> list[dict]:
-    """`rows` in the order of `random.Random(seed).shuffle` over their indices (the registered splits)."""
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
-    return [rows[i] for i in order]
-
-
 def load_rows(cfg: E1Config) -> dict[str, list[dict]]:
     """{train, dev, test}: {input, choices, label} rows in the seeded order, the splits of the registration."""
     rows = task_rows(cfg.task, "task")
@@ -125,11 +89,6 @@ def load_rows(cfg: E1Config) -> dict[str, list[dict]]:
     picked = seeded_order(rows, cfg.split_seed)[:need]
     return {"train": picked[:cfg.n_train], "dev": picked[cfg.n_train:cfg.n_train + cfg.n_dev],
             "test": picked[cfg.n_train + cfg.n_dev:]}
-
-
-def training_rows(rows: list[dict]) -> list[dict]:
-    """Prompt → the right choice (as lm-eval scores it: the choice after a space), loss on the completion."""
-    return [{"prompt": r["input"], "completion": " " + r["choices"][r["label"]]} for r in rows]
 
 
 def _peft_config(cfg: E1Config, model):
@@ -163,7 +122,9 @@ def load_base(path: str, quant_type: str | None = None):
                           "pip install 'adaptguard[quant]'")
     config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type, bnb_4bit_compute_dtype=torch.float32,
                                 bnb_4bit_use_double_quant=False)
-    return AutoModelForCausalLM.from_pretrained(path, quantization_config=config, device_map="cpu")
+    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=config, device_map="cpu")
+    note_4bit_kernel()
+    return model
 
 
 def train_adapter(cfg: E1Config, base, tokenizer, rows, out: Path, seed: int, lr: float, *, adapter: Path | None = None,
@@ -219,38 +180,13 @@ def continued_base(cfg: E1Config, v1_path: str, tokenizer, mix: list[dict], out:
     tokenizer.save_pretrained(out)
 
 
-def score_tasks(model, tokenizer, tasks: dict[str, list[dict]], work: Path, batch_size: int) -> dict[str, list[bool]]:
-    """{task: per-item correctness} of `model` on each task's rows by lm-eval (log-likelihood of each choice), in
-    row order; one lm-eval run for all of them."""
-    from ..compat.callback import evaluate_with_lm_eval, task_runs_from_output
-    from .bigbench import write_lm_eval_tasks
-
-    names = write_lm_eval_tasks(tasks, work, prefix="split_", source="adaptguard experiment split of {name}")
-    runs = task_runs_from_output(evaluate_with_lm_eval(model, tokenizer, names, batch_size=batch_size,
-                                                       include_path=[work]))
-    out = {}
-    for key, name in zip(tasks, names):
-        by_id = {s.doc_id: bool(s.metrics["acc"]) for s in runs[name].samples.values()}  # one filter ("none")
-        out[key] = [by_id[i] for i in range(len(tasks[key]))]
-    return out
-
-
-def score(model, tokenizer, rows: list[dict], work: Path, batch_size: int) -> list[bool]:
-    """Per-item correctness of `model` on `rows` by lm-eval (log-likelihood of each choice), in row order."""
-    return score_tasks(model, tokenizer, {"rows": rows}, work, batch_size)["rows"]
-
-
-def nfr(old: list[bool], new: list[bool]) -> float:
-    return float(np.mean([o and not n for o, n in zip(old, new)]))
-
-
 class E1:
     """The experiment's steps, each cached in the store (see the module docstring)."""
 
     def __init__(self, cfg: E1Config, say=print):
         from transformers import AutoTokenizer
 
-        from .embedded import resolve_model
+        from ..models.embedded import resolve_model
 
         self.cfg, self.say = cfg, say
         self.root = Path(cfg.out)
@@ -324,7 +260,7 @@ class E1:
         raise ValueError(f"updates: unknown update {update!r}; known: quantized, continued")
 
     def _mix(self) -> list[dict]:
-        from .bigbench import load_tasks
+        from ..data.bigbench import load_tasks
 
         files = [n for n in self.cfg.mix_tasks if n.endswith(".jsonl")]
         sources = {n: [json.loads(x) for x in Path(n).read_text().splitlines() if x.strip()] for n in files}
@@ -422,7 +358,7 @@ class E1:
 
     def run_test(self) -> dict:
         """Every registered arm x seed on test for each update that regresses on dev; the report."""
-        from .sweeps import machine_info
+        from ..utils.sweeps import machine_info
 
         report = {"config": dataclasses.asdict(self.cfg), "machine": machine_info(), "updates": {}}
         self.dev_stage()  # every dev choice first, in the registered order
@@ -493,15 +429,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def verdict(lo: float, hi: float, half_width: float = 0.05) -> str:
-    """The registered decision rule on the CI of Δ = NFR(arm) − NFR(control)."""
-    if hi < 0:
-        return "reproduced"
-    if lo > 0:
-        return "contradicted"
-    return "not reproduced" if (hi - lo) / 2 <= half_width else "inconclusive"
-
-
 def main(argv: list[str] | None = None) -> dict:
     from transformers import HfArgumentParser
 
@@ -510,6 +437,7 @@ def main(argv: list[str] | None = None) -> dict:
         stage: str = field(default="test", metadata={"help": "dev: fix the updates on dev; test: the whole run."})
         quick: bool = field(default=False, metadata={"help": "40/40/60 items, 1 seed, U2 20 steps: the mechanics."})
 
+    hide_unused_library_noise()
     cli, cfg = HfArgumentParser((Cli, E1Config)).parse_args_into_dataclasses(argv)
     if cli.quick:
         cfg = dataclasses.replace(quick_config(cfg.out if cfg.out != "e1-out" else "e1-quick"), model=cfg.model,

@@ -119,7 +119,7 @@ QUICK = ExperimentConfig(targets=("opposite/io",), n_random=2, include_all=False
 # ------------------------------------------------------------------------------------------ tasks
 def skill_pairs(skill: str, spec=None) -> list[tuple[str, str]]:
     """(question, answer) pairs of one skill the embedded model learned in pretraining."""
-    from .embedded import ANTONYMS, EMBEDDED_MODELS, world_facts
+    from ..models.embedded import ANTONYMS, EMBEDDED_MODELS, world_facts
 
     if skill == "capital":
         return [(f"capital of {country}", city) for country, city in world_facts(spec or EMBEDDED_MODELS["tiny"])]
@@ -241,7 +241,7 @@ def finetune(model_path: str | Path, rows: Sequence[dict], cfg: ExperimentConfig
 def score(model, tokenizer, rows: Sequence[dict], max_new_tokens: int = 8) -> dict:
     """Greedy zero-shot exact match and word-level exact match (paper 001 §9.1.2) of `rows`, in [0, 1]."""
     from ..tasks.compose import exact_match, word_exact_match
-    from .muscle_update import generate_answers
+    from ..utils.generation import generate_answers
 
     preds = generate_answers(model, tokenizer, list(rows), max_new_tokens=max_new_tokens, batch_size=64)
     truths = [r["completion"].strip() for r in rows]
@@ -269,8 +269,8 @@ def run_selection_experiment(out_dir: str | Path, *, quick: bool = False, seed: 
     import transformers
     from transformers import AutoTokenizer
 
+    from ..models.embedded import embedded_model_path
     from ..selection.jobs import write_mixture
-    from .embedded import embedded_model_path
 
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")

@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from ..utils.files import atomic_write_text
-from .real_update import Store, score_tasks, seeded_order, task_rows, training_rows, verdict
-from .sweeps import machine_line, write_report
+from ..utils.store import Store
+from ..utils.sweeps import machine_line, write_report
+from .common import score_tasks, seeded_order, task_rows, training_rows, verdict
 
 ARMS = {"SFT": "none", "TALR": "talr", "DFT": "dft"}  # arm -> TALRConfig.weighting
 GENERAL_TASKS = ("sports_understanding", "strategyqa", "implicatures", "navigate", "metaphor_boolean", "social_iqa")
@@ -101,7 +102,7 @@ def fine_tune(cfg: E2Config, base_path: str, tokenizer, rows: list[dict], out: P
     from ..talr.config import TALRConfig
     from ..talr.trainer import TALRTrainer
     from ..trl_adapter import no_activation_checkpointing
-    from .progress import TrainingProgress
+    from ..utils.progress import TrainingProgress
 
     set_seed(seed)
     args = TALRConfig(output_dir=str(out / "run"), weighting=ARMS[arm], per_device_train_batch_size=cfg.batch_size,
@@ -130,7 +131,7 @@ class E2:
     def __init__(self, cfg: E2Config, say=print):
         from transformers import AutoTokenizer
 
-        from .embedded import resolve_model
+        from ..models.embedded import resolve_model
 
         if not cfg.learning_rates or not all(lr > 0 for lr in cfg.learning_rates):
             raise ValueError(f"learning_rates must be positive numbers, got {cfg.learning_rates}")
@@ -216,8 +217,8 @@ class E2:
 
     def run_test(self) -> dict:
         """Every arm x chosen lr x seed on test (after the dev choices), the report and the trade-off plot."""
-        from .progress import progress_bar
-        from .sweeps import machine_info
+        from ..utils.progress import progress_bar
+        from ..utils.sweeps import machine_info
 
         choices = self.dev_stage()
         report = {"config": dataclasses.asdict(self.cfg), "machine": machine_info(), "dev_choices": choices}
@@ -299,7 +300,7 @@ def tradeoff_verdict(h1: str, domain_ci: tuple[float, float], margin: float) -> 
 
 def plot(report: dict, path: Path) -> None:
     """Domain vs general accuracy of every arm x lr (95 % bootstrap CIs as bars) and the base model."""
-    from .demo import tradeoff_plot
+    from .common import tradeoff_plot
 
     runs = [{"method": r["arm"], "learning_rate": r["lr"], "domain": r["domain_acc"], "general": r["general_acc"],
              "domain_bar": r["domain_ci"], "general_bar": r["general_ci"]} for r in report["arms"]]

@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -108,3 +109,18 @@ def write_dataset(dataset, path: str | os.PathLike) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+@contextmanager
+def finished_dir(target: Path):
+    """A temporary sibling of `target` to write into, renamed to `target` only when the block completes: an
+    interrupted or failed training leaves no half-trained adapter folder (the temporary one is removed)."""
+    tmp = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, target)

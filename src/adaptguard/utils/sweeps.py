@@ -76,7 +76,7 @@ def write_report(out, report: dict, markdown: str) -> None:
     import json
     from pathlib import Path
 
-    from ..utils.files import atomic_write_text
+    from .files import atomic_write_text
 
     Path(out).mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(out) / "report.json", json.dumps(report, indent=2, default=float))

@@ -1,0 +1,136 @@
+"""What the pre-registered studies share: their rows and splits, per-item scoring by lm-eval, the registered
+verdict rule, and the domain-vs-general trade-off figure. Each study imports this module, never another study."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+
+from ..utils.figures import new_figure, save_figure
+
+
+def task_rows(spec: str, name: str = "task") -> list[dict]:
+    """{input, choices, label} rows of `spec`: `bigbench:<task>` (or a bare BIG-bench task name), or a JSONL file."""
+    path = Path(spec)
+    if spec.endswith(".jsonl") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"{name}: no such file {spec!r}")
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from ..data.bigbench import load_tasks
+
+    task = spec.removeprefix("bigbench:")
+    return load_tasks([task])[task]
+
+
+def seeded_order(rows: list[dict], seed: int) -> list[dict]:
+    """`rows` in the order of `random.Random(seed).shuffle` over their indices (the registered splits)."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    return [rows[i] for i in order]
+
+
+def training_rows(rows: list[dict]) -> list[dict]:
+    """Prompt → the right choice (as lm-eval scores it: the choice after a space), loss on the completion."""
+    return [{"prompt": r["input"], "completion": " " + r["choices"][r["label"]]} for r in rows]
+
+
+def score_tasks(model, tokenizer, tasks: dict[str, list[dict]], work: Path, batch_size: int) -> dict[str, list[bool]]:
+    """{task: per-item correctness} of `model` on each task's rows by lm-eval (log-likelihood of each choice), in
+    row order; one lm-eval run for all of them."""
+    from ..compat.callback import evaluate_with_lm_eval, task_runs_from_output
+    from ..data.bigbench import write_lm_eval_tasks
+
+    names = write_lm_eval_tasks(tasks, work, prefix="split_", source="adaptguard experiment split of {name}")
+    runs = task_runs_from_output(evaluate_with_lm_eval(model, tokenizer, names, batch_size=batch_size,
+                                                       include_path=[work]))
+    out = {}
+    for key, name in zip(tasks, names):
+        by_id = {s.doc_id: bool(s.metrics["acc"]) for s in runs[name].samples.values()}  # one filter ("none")
+        out[key] = [by_id[i] for i in range(len(tasks[key]))]
+    return out
+
+
+def score(model, tokenizer, rows: list[dict], work: Path, batch_size: int) -> list[bool]:
+    """Per-item correctness of `model` on `rows` by lm-eval (log-likelihood of each choice), in row order."""
+    return score_tasks(model, tokenizer, {"rows": rows}, work, batch_size)["rows"]
+
+
+def nfr(old: list[bool], new: list[bool]) -> float:
+    return float(np.mean([o and not n for o, n in zip(old, new)]))
+
+
+def verdict(lo: float, hi: float, half_width: float = 0.05) -> str:
+    """The registered decision rule on the CI of Δ = NFR(arm) − NFR(control)."""
+    if hi < 0:
+        return "reproduced"
+    if lo > 0:
+        return "contradicted"
+    return "not reproduced" if (hi - lo) / 2 <= half_width else "inconclusive"
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both coordinates (higher is better), sorted by the first."""
+    front = [p for p in points if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in points)]
+    return sorted(set(front))
+
+
+def tradeoff_plot(base: dict, runs: list[dict], path: Path,
+                  title: str = "Domain vs general trade-off per method (embedded tiny model)",
+                  xlabel: str = "domain score (held-out questions, exact match)",
+                  ylabel: str = "general score (mean over pretraining skills)",
+                  bar_note: str = "bars: min–max over seeds") -> None:
+    """One panel per method: its runs coloured by learning rate (bars: a run's `domain_bar` / `general_bar` (lo, hi)
+    where given, else min–max over seeds), the base model, and the Pareto front of all methods' runs, so each
+    method reads against the best trade-off any method reached."""
+    import math
+
+    import matplotlib.colors
+
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    lrs = sorted({r["learning_rate"] for r in runs})
+    colour = dict(zip(lrs, matplotlib.colormaps["viridis"](matplotlib.colors.Normalize(-0.5, len(lrs) - 0.5)(
+        range(len(lrs))))))
+    front = pareto_front([(r["domain"], r["general"]) for r in runs])
+    ncols = min(4, len(methods) + 1)  # one cell for the legend
+    nrows = math.ceil((len(methods) + 1) / ncols)
+    fig = new_figure(figsize=(3.1 * ncols, 3.0 * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, method in zip(axes, methods):
+        # the boundary of what some run reached: a staircase from the y axis to the x axis
+        xs, ys = zip(*front)
+        ax.step([-0.05, *xs, xs[-1]], [ys[0], *ys, -0.05], where="pre", linestyle="--", color="grey",
+                linewidth=1, zorder=1)
+        ax.scatter([base["domain"]], [base["general"]], marker="*", s=160, color="black", zorder=3)
+        for r in (r for r in runs if r["method"] == method):
+            c = colour[r["learning_rate"]]
+            bars = {axis: r.get(f"{axis}_bar") or ((r[f"{axis}_spread"]["min"], r[f"{axis}_spread"]["max"])
+                                                   if len(r["seeds"]) > 1 else None) for axis in ("domain", "general")}
+            if bars["domain"]:
+                ax.errorbar(r["domain"], r["general"], color=c, alpha=0.5, elinewidth=1,
+                            xerr=[[r["domain"] - bars["domain"][0]], [bars["domain"][1] - r["domain"]]],
+                            yerr=[[r["general"] - bars["general"][0]], [bars["general"][1] - r["general"]]])
+            ax.scatter([r["domain"]], [r["general"]], s=45, color=c, edgecolor="black", linewidth=0.5, zorder=4)
+        ax.set_title(method, fontsize=10)
+        ax.set_xlim(-0.05, 1.05)
+        ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+    legend_ax = axes[len(methods)]
+    legend_ax.axis("off")
+    handles = [legend_ax.scatter([], [], marker="*", s=160, color="black", label="base model (before fine-tuning)"),
+               legend_ax.plot([], [], "--", color="grey", label="Pareto front, all methods")[0]]
+    handles += [legend_ax.scatter([], [], s=45, color=colour[lr], edgecolor="black", linewidth=0.5,
+                                  label=f"learning rate {lr:g}") for lr in lrs]
+    legend_ax.legend(handles=handles, loc="center", fontsize=8, frameon=False,
+                     title="up and right is better" + (f"\n{bar_note}" if "domain_bar" in runs[0]
+                                                       or len(runs[0]["seeds"]) > 1 else ""),
+                     title_fontsize=8)
+    for ax in axes[len(methods) + 1:]:
+        ax.axis("off")
+    fig.supxlabel(xlabel, fontsize=10)
+    fig.supylabel(ylabel, fontsize=10)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=110, bbox_inches="tight")

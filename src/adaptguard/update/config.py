@@ -1,0 +1,104 @@
+"""`UpdateConfig`: the fields of an `adaptguard update` config file, validated before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..models.embedded import EMBEDDED_NAMES
+
+
+@dataclass
+class UpdateConfig:
+    old_base: str  # Hub id or local path of the old base model (v1)
+    new_base: str  # ... of the new base model (v2); same vocabulary
+    train: str | list  # prompt/completion rows: a list, a .json/.jsonl file, a save_to_disk dir or a Hub name
+    test: str | list
+    output_dir: str = "update-out"
+    split_train: str = "train"
+    split_test: str = "test"
+    lora_r: int = 16
+    lora_alpha: int = 32
+    task_learning_rate: float = 1e-3
+    task_epochs: float = 3.0
+    compat_learning_rate: float = 1e-3
+    compat_epochs: float = 3.0
+    temperature: float = 2.0
+    mask: str = "student_wrong"
+    ce_weight: float = 0.0
+    batch_size: int = 16
+    max_length: int = 512
+    max_new_tokens: int = 32
+    seed: int = 0
+    # False: the update is v2 itself (e.g. a quantized v1 base), with no task adapter of its own: v2 is evaluated as
+    # it is, and the compatibility and control adapters are trained fresh on it (LoRA on default targets)
+    new_task_adapter: bool = True
+    # the control arm: the compatibility adapter's training (same start, data, steps, learning rate, seed) on the
+    # task's labels by cross-entropy, without v1's signal, so that a gain from more training is not credited to MUSCLE
+    control: bool = True
+    use_cpu: bool = False
+    extra_args: dict = field(default_factory=dict)  # more TrainingArguments for all three trainings
+    # also evaluate the three task models with lm-eval tasks (e.g. ["compat_piqa", "compat_gsm8k"]) and
+    # report their flips; lm-eval options below
+    lm_eval_tasks: list = field(default_factory=list)
+    lm_eval_limit: int | None = None
+    lm_eval_num_fewshot: int | None = None
+    lm_eval_include_path: list = field(default_factory=list)
+    lm_eval_metadata: dict = field(default_factory=dict)
+    lm_eval_gen_kwargs: dict | None = None
+
+    def __post_init__(self):
+        """Validate everything before any work (a bad field must not surface after two adapters are trained)."""
+        from ..plugins import get_muscle_mask
+        from ..utils.checks import check_finite
+
+        kinds = {"int": int, "float": (int, float), "str": str, "bool": bool, "dict": dict, "list": list}
+        for f in dataclasses.fields(self):
+            value, allowed = getattr(self, f.name), str(f.type).replace(" ", "").split("|")
+            if value is None and "None" in allowed:
+                continue
+            types = tuple(t for name in allowed if name in kinds for t in
+                          (kinds[name] if isinstance(kinds[name], tuple) else (kinds[name],)))
+            if types and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+                raise ValueError(f"{f.name} must be {' or '.join(allowed)}, got {value!r}")
+        check_finite(self, [f.name for f in dataclasses.fields(self) if "float" in str(f.type)])
+        for name in ("lora_r", "lora_alpha", "batch_size", "max_length", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        for name in ("task_learning_rate", "task_epochs", "compat_learning_rate", "compat_epochs", "temperature"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.ce_weight < 0:
+            raise ValueError(f"ce_weight must be ≥ 0, got {self.ce_weight}")
+        get_muscle_mask(self.mask)  # an unknown mask name fails here, with the known ones
+        from ..utils.data import check_local_path
+
+        for name in ("old_base", "new_base", *(n for n in ("train", "test") if isinstance(getattr(self, n), str))):
+            value = getattr(self, name)
+            if name.endswith("_base") and value.startswith("embedded:"):  # built when the run starts
+                if value.removeprefix("embedded:") not in EMBEDDED_NAMES:
+                    raise ValueError(f"{name}: unknown embedded model {value!r}; known: "
+                                     f"{', '.join('embedded:' + n for n in EMBEDDED_NAMES)}")
+            else:
+                check_local_path(value, name)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> UpdateConfig:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as err:
+            raise ValueError(f"{path}: no such config file") from err
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from err
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{path}: unknown fields {sorted(unknown)}; known: {sorted(names)}")
+        missing = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING} - set(data)
+        if missing:
+            raise ValueError(f"{path}: missing required fields {sorted(missing)}")
+        return cls(**data)

@@ -1,0 +1,48 @@
+"""Log lines of other libraries about features adaptguard's commands do not use, kept off the user's screen.
+
+bitsandbytes (0.50) tries, on importing its CPU backend on a CPU with AVX512-BF16, to fetch a fused 4-bit kernel
+from the Hugging Face Hub and logs a warning when the `kernels` package is absent. PEFT imports bitsandbytes
+whenever it is installed, so every command would open with that line, 4-bit model or not. The CLI hides it; a run
+that does load a 4-bit model says once what it means for the user (`note_4bit_kernel`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+class _HideMessage(logging.Filter):
+    """Drops records whose message starts with `prefix` and remembers that one was dropped."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix, self.hidden, self.explained = prefix, False, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith(self.prefix):
+            self.hidden = True
+            return False
+        return True
+
+
+BNB_CPU_KERNEL = _HideMessage("Failed to load CPU gemm_4bit_forward from kernels-community")
+BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
+
+
+def hide_unused_library_noise() -> None:
+    """Install the filters (idempotent: `addFilter` adds a filter once)."""
+    logging.getLogger(BNB_CPU_LOGGER).addFilter(BNB_CPU_KERNEL)
+
+
+def note_4bit_kernel() -> str | None:
+    """Called after a 4-bit model is loaded: the hidden bitsandbytes warning, said once in the user's terms (and
+    printed on stderr); None when there was nothing to say or it was said already."""
+    if not BNB_CPU_KERNEL.hidden or BNB_CPU_KERNEL.explained:
+        return None
+    BNB_CPU_KERNEL.explained = True
+    note = ("note: bitsandbytes' fused 4-bit CPU kernel (for AVX512-BF16 CPUs) is not installed, so 4-bit layers run "
+            "on its default CPU path; `pip install kernels` (it downloads the kernel from the Hugging Face Hub) "
+            "enables it")
+    print(note, file=sys.stderr)
+    return note
