@@ -225,6 +225,12 @@ def _update(ns: argparse.Namespace) -> int:
     cfg = tiny_preset(ns.out or "update-out") if ns.preset else UpdateConfig.from_file(ns.config)
     if ns.out and not ns.preset:
         cfg.output_dir = ns.out
+    if cfg.dev is not None:  # the pick: --seeds N tests the pick and the control over seeds 0..N-1
+        if ns.seeds is not None:
+            cfg.test_seeds = seeds
+        report = run_update(cfg)
+        print(f"{report['verdict']}  ({cfg.output_dir}/report.md, chosen adapter: {cfg.output_dir}/chosen)")
+        return 0
     if ns.seeds is not None:
         from .utils.sweeps import format_spread
 
@@ -486,13 +492,15 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--max-length", type=positive_int, default=1024, help="must equal the trainer's max_length")
     cache.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass (default 8)")
     cache.set_defaults(func=_cache_logits)
-    upd = sub.add_parser("update", help="Paper 002's update experiment: task adapters on v1 and v2 (or v2 as it is), "
-                         "the MUSCLE compatibility adapter and a cross-entropy control adapter, flips, report.")
+    upd = sub.add_parser("update", help="What a model update (a new base, or v1 quantized) breaks on your task, and "
+                         "what gets it back: task adapters on v1 and v2, then MUSCLE and a cross-entropy control — or, "
+                         "with a dev split, every candidate recipe tuned on dev, the pick tested against the control.")
     upd.add_argument("config", nargs="?", help="JSON config (fields of adaptguard.update.UpdateConfig)")
     upd.add_argument("--preset", choices=["tiny"], help="run on the embedded default (tiny -> tiny-v2)")
     upd.add_argument("--out", help="output directory (overrides the config's output_dir)")
     upd.add_argument("--seeds", type=int, help="repeat over seeds 0..N-1 (the preset also re-draws its split) and "
-                     "report mean and min-max: toy results move with the CPU's float noise")
+                     "report mean and min-max: toy results move with the CPU's float noise; with a dev split, test "
+                     "the pick and the control over these seeds")
     upd.set_defaults(func=_update)
     drift = sub.add_parser("drift", help="Task-similarity drift (paper 000): the Theorem A2 bound, the synthetic "
                            "experiment, r-similarity corruption, prompt styles, drift risk.")

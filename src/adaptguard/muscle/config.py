@@ -18,6 +18,9 @@ class MUSCLEConfig(SFTConfig):
     base model, initialised from its task adapter and distilled from the old and new task models:
 
         L = (1/n) Σ_i m_i KL(σ(z_old,i/T) ‖ σ(z_c,i/T)) + (1 − m_i) KL(σ(z_new,i/T) ‖ σ(z_c,i/T)) [+ λ_CE CE]
+
+    and, through `recipe` (`adaptguard.muscle.recipes`), the literature's other retraining recipes: the
+    cross-entropy control, LL_L, focal distillation (a per-item weight α + β·1[v1 right]) and plain KD.
     """
 
     new_adapter: str | None = field(
@@ -40,14 +43,36 @@ class MUSCLEConfig(SFTConfig):
                   "on the training set, used instead of the old model (which then need not be in memory)."},
     )
     temperature: float = field(default=2.0, metadata={"help": "Distillation temperature T (paper: 2)."})
-    mask: str = field(
-        default="student_wrong",
-        metadata={"help": "Masking strategy, by plugin name: student_wrong (eq. 1, default), old_likelier_token "
-                  "(LL_L), old_likelier_sequence (LL_S), old_correct, old_only, new_only, or a plugin's."},
+    recipe: str | None = field(
+        default=None,
+        metadata={"help": "A named recipe that sets the fields below unless you set them: control (cross-entropy "
+                  "alone), muscle (eq. 1), ll_l, focal (focal distillation), kd, or a plugin's "
+                  "(adaptguard.muscle.recipes). None: eq. 1 without cross-entropy, as the fields' defaults say."},
     )
-    ce_weight: float = field(
-        default=0.0,
-        metadata={"help": "Weight λ_CE of the auxiliary cross-entropy on the labels (paper: for large gaps)."},
+    mask: str | None = field(
+        default=None,
+        metadata={"help": "Masking strategy, by plugin name: student_wrong (eq. 1, the default without a recipe), "
+                  "old_likelier_token (LL_L), old_likelier_sequence (LL_S), old_correct, old_only, new_only, or a "
+                  "plugin's."},
+    )
+    ce_weight: float | None = field(
+        default=None,
+        metadata={"help": "Weight λ_CE of the auxiliary cross-entropy on the labels (paper: for large gaps); 0 "
+                  "without a recipe."},
+    )
+    distill_weight: float | None = field(
+        default=None,
+        metadata={"help": "Weight λ of the distillation term; 1 without a recipe (the control recipe: 0)."},
+    )
+    focal_alpha: float | None = field(
+        default=None,
+        metadata={"help": "Focal distillation's α: every item's distillation weight is α + β·1[v1 right on it]; 1 "
+                  "without a recipe."},
+    )
+    focal_beta: float | None = field(
+        default=None,
+        metadata={"help": "Focal distillation's β (v1 right = its greedy answer is the item's completion, token for "
+                  "token); 0 without a recipe, 5 with recipe='focal'."},
     )
     loss_implementation: str = field(
         default="tiled",
@@ -68,11 +93,17 @@ class MUSCLEConfig(SFTConfig):
     def __post_init__(self):
         default_bf16(self)  # on a machine without bf16, TRL's default would refuse to start
         super().__post_init__()
-        check_finite(self, ("learning_rate", "temperature", "ce_weight"))
+        self._apply_recipe()
+        check_finite(self, ("learning_rate", "temperature", "ce_weight", "distill_weight", "focal_alpha",
+                            "focal_beta"))
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.ce_weight < 0:
-            raise ValueError(f"ce_weight must be ≥ 0, got {self.ce_weight}")
+        for name in ("ce_weight", "distill_weight", "focal_alpha", "focal_beta"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be ≥ 0, got {getattr(self, name)}")
+        if self.focal_beta > 0 and (self.packing or self.padding_free):
+            raise ValueError("focal_beta weights each item by whether v1 gets it right: with packing or padding_free "
+                             "a row is not one item; switch them off")
         if self.kl_chunk_size < 1 or self.vocab_chunk_size < 1:
             raise ValueError(f"kl_chunk_size and vocab_chunk_size must be ≥ 1, got {self.kl_chunk_size}, "
                              f"{self.vocab_chunk_size}")
@@ -83,6 +114,16 @@ class MUSCLEConfig(SFTConfig):
                              "padding_free")
         if self.old_adapter is not None and self.old_model is None:
             raise ValueError("old_adapter needs old_model (the old base it applies to)")
+
+    def _apply_recipe(self) -> None:
+        """Fill the recipe's fields the user left unset (None), then the plain defaults."""
+        from ..plugins import get_update_recipe
+        from .recipes import FIELD_DEFAULTS
+
+        settings = get_update_recipe(self.recipe).settings if self.recipe is not None else {}
+        for name, default in FIELD_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, settings.get(name, default))
 
 
 @dataclass

@@ -44,3 +44,15 @@ def new_only(x: MaskInputs) -> torch.Tensor:
 MASKS = {"student_wrong": student_wrong, "old_likelier_token": old_likelier_token,
          "old_likelier_sequence": old_likelier_sequence, "old_correct": old_correct,
          "old_only": old_only, "new_only": new_only}
+
+
+def old_right_items(x: MaskInputs) -> torch.Tensor:
+    """(B,) bool: rows whose every scored token is the old model's argmax, i.e. greedy decoding with the old model
+    reproduces the row's completion token for token — the item is right under exact match. A row without scored
+    tokens is not right."""
+    return ((x.old_top1 == x.labels) | ~x.valid).all(-1) & x.valid.any(-1)
+
+
+def focal_item_weights(x: MaskInputs, alpha: float, beta: float) -> torch.Tensor:
+    """Focal distillation's per-item weight (Yan et al., CVPR 2021): `w_i = α + β·1[old model right on i]`, (B,)."""
+    return alpha + beta * old_right_items(x).float()

@@ -10,3 +10,10 @@ from .masks import MASKS
 @hookimpl
 def adaptguard_muscle_masks() -> dict:
     return dict(MASKS)
+
+
+@hookimpl
+def adaptguard_update_recipes() -> dict:
+    from .recipes import RECIPES
+
+    return dict(RECIPES)

@@ -24,6 +24,7 @@ from ..utils.sharding import full_tensor
 from .config import MUSCLEConfig
 from .logit_cache import LogitCache, row_fingerprint
 from .losses import muscle_token_loss_chunked
+from .masks import focal_item_weights
 from .tiled import LMHead, muscle_token_loss_tiled
 
 logger = logging.getLogger(__name__)
@@ -191,7 +192,8 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         if args.label_smoothing_factor > 0 or args.loss_type != "nll":
             raise ValueError("MUSCLETrainer's loss distils the old and new models' distributions: label_smoothing_factor "
                              "and loss_type do not apply (the label term is ce_weight)")
-        self._mask = get_muscle_mask(args.mask)  # unknown names fail before anything loads
+        # unknown names fail before anything loads; focal's per-item weights read the mask's inputs
+        self._mask = _SeenInputs(get_muscle_mask(args.mask)) if args.focal_beta > 0 else get_muscle_mask(args.mask)
         check_completions(kwargs.get("train_dataset", pos_args[1] if len(pos_args) > 1 else None))
         if isinstance(model, str):
             model = load_model(model, args)
@@ -368,6 +370,15 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             if self.aux_loss_enabled else None
         return out, aux
 
+    def _distillation_weights(self, per_token: torch.Tensor) -> torch.Tensor:
+        """λ·w_i times each token's KL (B, T): w_i = α + β·1[v1 right on item i] (focal distillation)."""
+        args = self.args
+        if args.focal_beta > 0:
+            weights = focal_item_weights(self._mask.inputs, args.focal_alpha, args.focal_beta)[:, None]
+            return args.distill_weight * weights * per_token
+        scale = args.distill_weight * args.focal_alpha
+        return per_token if scale == 1 else scale * per_token
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"
         args = self.args
@@ -396,7 +407,7 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
                                                        shifted.reshape(-1), ignore_index=IGNORE_INDEX,
                                                        reduction="sum") if args.ce_weight > 0 \
                 else torch.zeros((), device=student.device)
-        total = per_token.sum()
+        total = self._distillation_weights(per_token).sum()
         if args.ce_weight > 0:
             total = total + args.ce_weight * ce_sum
         loss, steps = self.normalise_token_loss(total, valid.sum(), num_items_in_batch, mode)
@@ -431,6 +442,18 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             with torch.no_grad():
                 outputs = model(**inputs)
         return (loss, outputs) if return_outputs else loss
+
+
+class _SeenInputs:
+    """A mask that keeps the `MaskInputs` it was last called with, so the trainer reads v1's per-item correctness
+    from the very statistics the loss computed (the tiled loss builds no logits to recompute them from)."""
+
+    def __init__(self, mask):
+        self.mask, self.__name__, self.inputs = mask, getattr(mask, "__name__", repr(mask)), None
+
+    def __call__(self, inputs):
+        self.inputs = inputs
+        return self.mask(inputs)
 
 
 class CompatTrainer(MUSCLETrainer):

@@ -10,11 +10,14 @@ from .manager import (
     get_plugin_manager,
     get_similarity,
     get_token_weighting,
+    get_update_recipe,
     lm_eval_task_dirs,
     muscle_masks,
     similarities,
     token_weightings,
+    update_recipes,
 )
 
 __all__ = ["hookimpl", "embedders", "get_embedder", "get_muscle_mask", "get_plugin_manager", "get_similarity",
-           "get_token_weighting", "lm_eval_task_dirs", "muscle_masks", "similarities", "token_weightings"]
+           "get_token_weighting", "get_update_recipe", "lm_eval_task_dirs", "muscle_masks", "similarities",
+           "token_weightings", "update_recipes"]

@@ -58,6 +58,14 @@ def adaptguard_muscle_masks() -> dict:
 
 
 @hookspec
+def adaptguard_update_recipes() -> dict:
+    """Return `{name: recipe}` retraining recipes for `MUSCLEConfig(recipe=name)` and `adaptguard update`'s
+    candidates: each an `adaptguard.muscle.recipes.UpdateRecipe`, the `MUSCLEConfig` fields it sets by default (the
+    mask, `ce_weight`, `distill_weight`, `focal_alpha`, `focal_beta`) with its formula and source.
+    """
+
+
+@hookspec
 def adaptguard_embedders() -> dict:
     """Return `{name: embedder}` task embedders for task selection (`adaptguard select --embedder name`).
 

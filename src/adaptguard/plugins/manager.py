@@ -91,6 +91,15 @@ def get_muscle_mask(name: str) -> Callable:
     return _lookup(muscle_masks(), name, "MUSCLE mask", "masks")
 
 
+def update_recipes() -> dict:
+    """All registered update recipes (`adaptguard.muscle.recipes.UpdateRecipe`), by name."""
+    return _named("adaptguard_update_recipes", "update recipe")
+
+
+def get_update_recipe(name: str):
+    return _lookup(update_recipes(), name, "update recipe", "recipes")
+
+
 def embedders() -> dict[str, Callable]:
     """All registered task embedders for task selection, by name."""
     return _named("adaptguard_embedders", "embedder")

@@ -13,11 +13,20 @@ from ..models.embedded import EMBEDDED_NAMES
 @dataclass
 class UpdateConfig:
     old_base: str  # Hub id or local path of the old base model (v1)
-    new_base: str  # ... of the new base model (v2); same vocabulary
+    # ... of the new base model (v2), same vocabulary; or v1 quantized: {"quantization": {"library": "bitsandbytes",
+    # "load_in_4bit": true, ...}} (that library's own config fields; "base": another model to quantize)
+    new_base: str | dict
     train: str | list  # prompt/completion rows: a list, a .json/.jsonl file, a save_to_disk dir or a Hub name
     test: str | list
+    # the dev split: with it, update trains every candidate setting, picks one on dev by `max_accuracy_drop`'s rule
+    # and scores the pick and the best control on test (see adaptguard.update.candidates)
+    dev: str | list | None = None
+    candidates: list = field(default_factory=list)  # [] with dev: the control and muscle at compat_* settings
+    max_accuracy_drop: float = 0.01  # a setting is eligible if its dev accuracy ≥ the best control's − this
+    test_seeds: list = field(default_factory=list)  # seeds of the test stage's pick and control ([] = [seed])
     output_dir: str = "update-out"
     split_train: str = "train"
+    split_dev: str = "validation"
     split_test: str = "test"
     lora_r: int = 16
     lora_alpha: int = 32
@@ -72,10 +81,31 @@ class UpdateConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.ce_weight < 0:
             raise ValueError(f"ce_weight must be ≥ 0, got {self.ce_weight}")
+        if not 0 <= self.max_accuracy_drop < 1:
+            raise ValueError(f"max_accuracy_drop must be in [0, 1), got {self.max_accuracy_drop}")
         get_muscle_mask(self.mask)  # an unknown mask name fails here, with the known ones
+        if self.candidates and self.dev is None:
+            raise ValueError("candidates: choosing among them needs a dev split (set dev); the test split is only "
+                             "scored after the pick")
+        if self.dev is not None:
+            from .candidates import expand_candidates
+
+            expand_candidates(self.candidates or self.default_candidates())
+        if not all(isinstance(s, int) and not isinstance(s, bool) for s in self.test_seeds):
+            raise ValueError(f"test_seeds must be a list of integers, got {self.test_seeds!r}")
+        if isinstance(self.new_base, dict):
+            from ..models.loading import check_quantization
+
+            unknown = set(self.new_base) - {"quantization", "base"}
+            if unknown or "quantization" not in self.new_base:
+                raise ValueError(f"new_base: a model name, or {{'quantization': {{...}}}} (optionally 'base'), got "
+                                 f"keys {sorted(self.new_base)}")
+            check_quantization(self.new_base["quantization"], "new_base.quantization")
         from ..utils.data import check_local_path
 
-        for name in ("old_base", "new_base", *(n for n in ("train", "test") if isinstance(getattr(self, n), str))):
+        bases = ["old_base"] + (["new_base"] if isinstance(self.new_base, str) else [])
+        data = [n for n in ("train", "dev", "test") if isinstance(getattr(self, n), str)]
+        for name in (*bases, *data):
             value = getattr(self, name)
             if name.endswith("_base") and value.startswith("embedded:"):  # built when the run starts
                 if value.removeprefix("embedded:") not in EMBEDDED_NAMES:
@@ -83,6 +113,22 @@ class UpdateConfig:
                                      f"{', '.join('embedded:' + n for n in EMBEDDED_NAMES)}")
             else:
                 check_local_path(value, name)
+
+    def default_candidates(self) -> list[dict]:
+        """The pick's candidates when none are given: the control and MUSCLE (eq. 1, `ce_weight`) at the compat
+        learning rate and epochs."""
+        budget = {"learning_rate": [self.compat_learning_rate], "epochs": [max(1, round(self.compat_epochs))]}
+        return [{"recipe": "control", **budget}, {"recipe": "muscle", **budget, "ce_weight": [self.ce_weight],
+                                                  "temperature": [self.temperature]}]
+
+    @property
+    def new_base_path(self) -> str:
+        """The new base's name or path (the old base's when the update quantizes it)."""
+        return self.new_base.get("base", self.old_base) if isinstance(self.new_base, dict) else self.new_base
+
+    @property
+    def new_quantization(self) -> dict | None:
+        return self.new_base["quantization"] if isinstance(self.new_base, dict) else None
 
     @classmethod
     def from_file(cls, path: str | Path) -> UpdateConfig:

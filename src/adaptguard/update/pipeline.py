@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..models.embedded import resolve_model
+from ..models.loading import load_causal_lm
 from ..utils.files import atomic_write_text, finished_dir
 from ..utils.generation import generate_answers
 from ..utils.lora import default_lora_targets
@@ -48,19 +49,20 @@ def _training_kwargs(cfg: UpdateConfig, **specific) -> dict:
 
 
 def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tokenizer,
-                        desc: str = "task adapter") -> Path:
+                        desc: str = "task adapter", quantization: dict | None = None) -> Path:
     import hashlib
 
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, PrinterCallback
+    from transformers import PrinterCallback
 
     from ..talr.config import TALRConfig
     from ..talr.trainer import TALRTrainer
     from ..utils.progress import TrainingProgress, say
 
     # a finished adapter of the same training (a re-run, e.g. with another mask) is reused, not trained again
-    key = {"base": base, "rows": hashlib.sha256(json.dumps(train_rows, sort_keys=True).encode()).hexdigest(),
+    rows_hash = hashlib.sha256(json.dumps(train_rows, sort_keys=True).encode()).hexdigest()
+    key = {"base": base, **({"quantization": quantization} if quantization else {}), "rows": rows_hash,
            **{k: getattr(cfg, k) for k in ("lora_r", "lora_alpha", "task_learning_rate", "task_epochs", "batch_size",
                                             "max_length", "seed", "extra_args")}}
     marker = out / "adaptguard_task_adapter.json"
@@ -70,7 +72,7 @@ def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tok
     with finished_dir(out) as tmp:
         args = TALRConfig(**_training_kwargs(cfg, output_dir=str(tmp / "run"), weighting="none",
                                              learning_rate=cfg.task_learning_rate, num_train_epochs=cfg.task_epochs))
-        model = AutoModelForCausalLM.from_pretrained(base)
+        model = load_causal_lm(base, quantization, use_cpu=cfg.use_cpu)
         trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(train_rows),
                               processing_class=tokenizer,
                               peft_config=LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
@@ -83,13 +85,72 @@ def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tok
     return out
 
 
+def load_new_base(cfg: UpdateConfig):
+    """The new base as the update ships it: another model, or the old one quantized."""
+    return load_causal_lm(cfg.new_base_path, cfg.new_quantization, use_cpu=cfg.use_cpu)
+
+
 def _v2_task_model(cfg: UpdateConfig, v2_adapter: Path | None):
     """v2 as the update ships it: the new base with its task adapter, or the new base alone."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(cfg.new_base)
+    base = load_new_base(cfg)
     return base if v2_adapter is None else PeftModel.from_pretrained(base, v2_adapter)
+
+
+def resolved(cfg: UpdateConfig) -> UpdateConfig:
+    """`cfg` with `embedded:` names replaced by local paths (built on first use)."""
+    new = ({**cfg.new_base, "base": resolve_model(cfg.new_base_path)} if isinstance(cfg.new_base, dict)
+           else resolve_model(cfg.new_base))
+    return dataclasses.replace(cfg, old_base=resolve_model(cfg.old_base), new_base=new)
+
+
+def task_adapters(cfg: UpdateConfig, train_rows: list[dict], out: Path, tok_old, tok_new
+                  ) -> tuple[Path, Path | None]:
+    """(v1's task adapter, the task adapter v2 ships with): v2's own, trained on the new base; with
+    `new_task_adapter` false, v1's adapter on a quantized v1 (the quantized task model), else none."""
+    v1_adapter = _train_task_adapter(cfg, cfg.old_base, train_rows, out / "v1_task_adapter", tok_old,
+                                     "update: v1 task adapter")
+    if cfg.new_task_adapter:
+        return v1_adapter, _train_task_adapter(cfg, cfg.new_base_path, train_rows, out / "v2_task_adapter", tok_new,
+                                               "update: v2 task adapter", cfg.new_quantization)
+    quantized_v1 = cfg.new_quantization is not None and cfg.new_base_path == cfg.old_base
+    return v1_adapter, (v1_adapter if quantized_v1 else None)
+
+
+def adapter_start(cfg: UpdateConfig, v2_adapter: Path | None, seed: int):
+    """(model, peft_config) every adapter training of the update starts from: v2's task adapter (trainable), or a
+    fresh LoRA on v2 — the same random init in every arm of a seed (seeded here)."""
+    import transformers
+    from peft import LoraConfig, PeftModel
+
+    transformers.set_seed(seed)
+    model = load_new_base(cfg)
+    if v2_adapter is not None:
+        return PeftModel.from_pretrained(model, v2_adapter, is_trainable=True), None
+    return model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=default_lora_targets(model),
+                             task_type="CAUSAL_LM")
+
+
+def load_rows(cfg: UpdateConfig) -> dict[str, list[dict]]:
+    """{train, [dev,] test} prompt/completion rows, checked: non-empty, and no prompt in two splits."""
+    specs = {"train": (cfg.train, cfg.split_train), "test": (cfg.test, cfg.split_test)}
+    if cfg.dev is not None:
+        specs["dev"] = (cfg.dev, cfg.split_dev)
+    rows = {name: _rows(spec, split) for name, (spec, split) in specs.items()}
+    for name, split_rows in rows.items():
+        if not split_rows or not {"prompt", "completion"} <= set(split_rows[0]):
+            raise ValueError(f"the {name} set must be non-empty prompt/completion rows")
+    if not any(str(r["completion"]).strip() for r in rows["train"]):
+        raise ValueError(f"train: every row's 'completion' is empty ({len(rows['train'])} rows): nothing to learn")
+    names = list(rows)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            shared = {r["prompt"] for r in rows[a]} & {r["prompt"] for r in rows[b]}
+            if shared:
+                raise ValueError(f"{a} and {b} overlap: {len(shared)} prompts are in both (e.g. "
+                                 f"{sorted(shared)[0]!r}); the splits must be disjoint")
+    return rows
 
 
 def _evaluate(model, tokenizer, test_rows, cfg) -> tuple[list[bool], list[str]]:
@@ -101,7 +162,7 @@ def run_update(cfg: UpdateConfig) -> dict:
     import datasets
     import transformers
     from datasets import Dataset
-    from peft import LoraConfig, PeftModel
+    from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
     from ..compat.metrics import delta_metrics, flip_indicators, flip_metrics, paired_rate_difference
@@ -112,27 +173,24 @@ def run_update(cfg: UpdateConfig) -> dict:
     from ..talr.trainer import TALRTrainer
     from ..utils.progress import TrainingProgress
 
+    if cfg.dev is not None:  # choose among candidates on dev, then test the pick against the control
+        from .pick import run_pick
+
+        return run_pick(cfg)
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     start = time.perf_counter()
+    cfg = resolved(cfg)
+    tok_old, tok_new = AutoTokenizer.from_pretrained(cfg.old_base), AutoTokenizer.from_pretrained(cfg.new_base_path)
+    check_same_vocabulary(tok_old, tok_new, "old_base/new_base: ")  # before any training
+    rows = load_rows(cfg)  # before anything is written
+    train_rows, test_rows = rows["train"], rows["test"]
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = dataclasses.replace(cfg, old_base=resolve_model(cfg.old_base), new_base=resolve_model(cfg.new_base))
-    tok_old, tok_new = AutoTokenizer.from_pretrained(cfg.old_base), AutoTokenizer.from_pretrained(cfg.new_base)
-    check_same_vocabulary(tok_old, tok_new, "old_base/new_base: ")  # before any training
-    train_rows, test_rows = _rows(cfg.train, cfg.split_train), _rows(cfg.test, cfg.split_test)
-    for name, rows in (("train", train_rows), ("test", test_rows)):
-        if not rows or not {"prompt", "completion"} <= set(rows[0]):
-            raise ValueError(f"the {name} set must be non-empty prompt/completion rows")
-    if not any(str(r["completion"]).strip() for r in train_rows):
-        raise ValueError(f"train: every row's 'completion' is empty ({len(train_rows)} rows): nothing to learn")
 
     timings = {}
     t = time.perf_counter()
-    v1_adapter = _train_task_adapter(cfg, cfg.old_base, train_rows, out / "v1_task_adapter", tok_old,
-                                     "update: v1 task adapter")
-    v2_adapter = _train_task_adapter(cfg, cfg.new_base, train_rows, out / "v2_task_adapter", tok_new,
-                                     "update: v2 task adapter") if cfg.new_task_adapter else None
+    v1_adapter, v2_adapter = task_adapters(cfg, train_rows, out, tok_old, tok_new)
     timings["task_adapters_s"] = time.perf_counter() - t
     v1 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.old_base), v1_adapter).merge_and_unload()
     v2 = _v2_task_model(cfg, v2_adapter)
@@ -141,15 +199,7 @@ def run_update(cfg: UpdateConfig) -> dict:
     del v2
 
     def start_of_adapter_training():
-        """The model and adapter both adapter trainings start from: v2's task adapter (trainable), or a fresh LoRA on
-        v2; the same random init in both arms (seeded here)."""
-        transformers.set_seed(cfg.seed)
-        if v2_adapter is not None:
-            return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.new_base), v2_adapter,
-                                             is_trainable=True), None
-        model = AutoModelForCausalLM.from_pretrained(cfg.new_base)
-        return model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=default_lora_targets(model),
-                                 task_type="CAUSAL_LM")
+        return adapter_start(cfg, v2_adapter, cfg.seed)
 
     t = time.perf_counter()
     with finished_dir(out / "compat_run") as run_dir, finished_dir(out / "compat_adapter") as adapter_dir:

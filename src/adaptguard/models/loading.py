@@ -1,0 +1,62 @@
+"""Loading a causal LM as a user ships it: full precision, or quantized by a kept library given in that library's own
+config words (`{"library": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}`), which is what
+`adaptguard update` calls "quantization as an update"."""
+
+from __future__ import annotations
+
+import importlib.util
+
+# library -> (transformers' config class, the module that must be importable, what to install)
+QUANTIZATION_LIBRARIES = {
+    "bitsandbytes": ("BitsAndBytesConfig", "bitsandbytes", "pip install 'adaptguard[quant]'"),
+    "torchao": ("TorchAoConfig", "torchao", "pip install torchao"),
+    "quanto": ("QuantoConfig", "optimum.quanto", "pip install optimum-quanto"),
+}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package (optimum) is missing
+        return False
+
+
+def check_quantization(spec: dict, where: str = "quantization") -> None:
+    """Fail before any work on a spec that cannot load: not a dict, no or an unknown `library` (the error lists the
+    known ones), or the library not installed (ImportError naming what to install)."""
+    if not isinstance(spec, dict) or "library" not in spec:
+        raise ValueError(f"{where}: a dict with 'library' ({', '.join(QUANTIZATION_LIBRARIES)}) and that library's "
+                         f"own config fields, got {spec!r}")
+    library = spec["library"]
+    if library not in QUANTIZATION_LIBRARIES:
+        raise ValueError(f"{where}.library: unknown {library!r}; known: {', '.join(QUANTIZATION_LIBRARIES)}")
+    _, module, install = QUANTIZATION_LIBRARIES[library]
+    if not _installed(module):
+        raise ImportError(f"{where}: {library} is not installed: {install}")
+
+
+def quantization_config(spec: dict):
+    """transformers' config object for `spec` (its fields but `library` passed as they are)."""
+    import transformers
+
+    check_quantization(spec)
+    cls = getattr(transformers, QUANTIZATION_LIBRARIES[spec["library"]][0])
+    return cls(**{k: v for k, v in spec.items() if k != "library"})
+
+
+def load_causal_lm(path: str, quantization: dict | None = None, *, use_cpu: bool = False):
+    """`AutoModelForCausalLM` from `path`, quantized by `quantization` when given (placed on the CPU when `use_cpu` or
+    no GPU is present, else on the current GPU, as QLoRA scripts place it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if quantization is None:
+        return AutoModelForCausalLM.from_pretrained(path)
+    from ..utils.quiet import note_4bit_kernel
+
+    device_map = "cpu" if use_cpu or not torch.cuda.is_available() else {"": torch.cuda.current_device()}
+    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quantization_config(quantization),
+                                                 device_map=device_map)
+    if quantization["library"] == "bitsandbytes":
+        note_4bit_kernel()
+    return model

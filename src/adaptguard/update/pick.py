@@ -1,0 +1,350 @@
+"""`adaptguard update` with a dev split: which way of retraining breaks the fewest of v1's answers on the user's task.
+
+1. Every candidate setting (`candidates.expand_candidates`: recipe × learning rate × recipe fields; the control
+   among them with the same budget) trains once on train, from the adapter v2 ships with, to the grid's largest
+   epoch count; its adapter is kept after each epoch of the grid (the MUSCLE paper keeps its best epoch the same way).
+2. Each kept adapter is scored on dev (exact match of the greedy answer); `candidates.pick_setting` picks by the
+   registered rule, at matched accuracy; `dev_choices.json` is written before any test item is read.
+3. The pick and the best control setting are trained for every test seed and scored on test: accuracy, NFR, PFR,
+   BTC against v1, and the pick − control difference item by item (bootstrap CI over items, McNemar per seed).
+4. `chosen/` holds the pick's adapter (seed `cfg.seed`); `report.json`, `report.md` (with the one-sentence verdict)
+   and `dev_tradeoff.png` (every setting's dev accuracy vs NFR) sit beside it.
+
+Every trained run and every per-item score is a step of a `Store` under `steps/`, kept with its settings: a killed
+run resumes without redoing any finished step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from ..utils.files import atomic_write_text, finished_dir
+from ..utils.generation import generate_answers
+from ..utils.store import Store
+from .candidates import Setting, expand_candidates, pick_setting
+from .config import UpdateConfig
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class SaveAtEpochs(TrainerCallback):
+    """Saves the trained adapter as `out/epoch-<e>` at the end of each epoch e in `epochs`."""
+
+    def __init__(self, epochs, out: Path, adapter_name: str | None):
+        self.epochs, self.out, self.adapter_name = set(epochs), out, adapter_name
+
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        epoch = round(state.epoch)
+        if epoch in self.epochs and state.is_world_process_zero:
+            model.save_pretrained(self.out / f"epoch-{epoch}",
+                                  **({"selected_adapters": [self.adapter_name]} if self.adapter_name else {}))
+
+
+def _adapter_identity(adapter: Path | None):
+    """What made a task adapter (its marker), so a stored step built on it is redone when it changes."""
+    marker = None if adapter is None else adapter / "adaptguard_task_adapter.json"
+    return json.loads(marker.read_text()) if marker is not None and marker.exists() else str(adapter)
+
+
+class Pick:
+    """The steps of one pick (see the module docstring), each stored and reused."""
+
+    def __init__(self, cfg: UpdateConfig, say=print):
+        from transformers import AutoTokenizer
+
+        from ..muscle.trainer import check_same_vocabulary
+        from .pipeline import load_rows, resolved
+
+        self.cfg, self.say = resolved(cfg), say
+        self.tok_old = AutoTokenizer.from_pretrained(self.cfg.old_base)
+        self.tok_new = AutoTokenizer.from_pretrained(self.cfg.new_base_path)
+        check_same_vocabulary(self.tok_old, self.tok_new, "old_base/new_base: ")
+        self.rows = load_rows(self.cfg)  # checked (non-empty, disjoint) before anything is written
+        self.settings = expand_candidates(self.cfg.candidates or self.cfg.default_candidates())
+        self.out = Path(self.cfg.output_dir)
+        self.store = Store(self.out / "steps")
+        self._v1 = None
+
+    # -- models -------------------------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        from .pipeline import task_adapters
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.v1_adapter, self.v2_adapter = task_adapters(self.cfg, self.rows["train"], self.out, self.tok_old,
+                                                         self.tok_new)
+
+    def v1(self):
+        """v1's task model, merged (the teacher of every distilling recipe)."""
+        if self._v1 is None:
+            from peft import PeftModel
+            from transformers import AutoModelForCausalLM
+
+            base = AutoModelForCausalLM.from_pretrained(self.cfg.old_base)
+            self._v1 = PeftModel.from_pretrained(base, self.v1_adapter).merge_and_unload()
+        return self._v1
+
+    def v2(self):
+        from .pipeline import _v2_task_model
+
+        return _v2_task_model(self.cfg, self.v2_adapter)
+
+    def adapter_model(self, adapter: Path):
+        from peft import PeftModel
+
+        from .pipeline import load_new_base
+
+        return PeftModel.from_pretrained(load_new_base(self.cfg), adapter)
+
+    # -- steps ----------------------------------------------------------------------------------------------------
+    def scores(self, name: str, identity, split: str, model_fn, tokenizer=None) -> dict:
+        """{"correct": [...], "pred": [...]} of a model (`identity`: what made it) on a split, stored."""
+        rows = self.rows[split]
+        settings = {"split": split, "rows": _digest(rows), "max_new_tokens": self.cfg.max_new_tokens, "model": name,
+                    "identity": identity}
+
+        def make(tmp: Path) -> None:
+            self.say(f"update: scoring {name} on {split} ({len(rows)} items)")
+            preds = generate_answers(model_fn(), tokenizer or self.tok_new, rows, self.cfg.max_new_tokens)
+            correct = [p == r["completion"].strip() for p, r in zip(preds, rows)]
+            (tmp / "scores.json").write_text(json.dumps({"correct": correct, "pred": preds}))
+
+        folder = self.store.get(f"score_{split}_{_digest(settings)}", settings, make)
+        return json.loads((folder / "scores.json").read_text())
+
+    def run_key(self, setting: Setting, seed: int) -> dict:
+        cfg = self.cfg
+        return {"recipe": setting.recipe, "learning_rate": setting.learning_rate, "fields": dict(setting.fields),
+                "epochs": max(s.epochs for s in self.settings), "seed": seed, "train": _digest(self.rows["train"]),
+                "v2_adapter": _adapter_identity(self.v2_adapter), "new_base": cfg.new_base, "old_base": cfg.old_base,
+                **{k: getattr(cfg, k) for k in ("lora_r", "lora_alpha", "batch_size", "max_length", "extra_args")}}
+
+    def train_run(self, setting: Setting, seed: int) -> Path:
+        """One training run of `setting`'s recipe, learning rate and fields: adapters after each grid epoch."""
+        key = self.run_key(setting, seed)
+        epochs = sorted({s.epochs for s in self.settings})
+        return self.store.get(f"run_{setting.recipe}_{_digest(key)}", key,
+                              lambda tmp: self._train(setting, seed, key["epochs"], epochs, tmp))
+
+    def _train(self, setting: Setting, seed: int, max_epochs: int, epochs: list[int], tmp: Path) -> None:
+        from datasets import Dataset
+        from transformers import PrinterCallback
+
+        from ..muscle.config import MUSCLEConfig
+        from ..muscle.trainer import MUSCLETrainer
+        from ..talr.config import TALRConfig
+        from ..talr.trainer import TALRTrainer
+        from ..utils.progress import TrainingProgress
+        from .pipeline import _training_kwargs, adapter_start
+
+        cfg = self.cfg
+        kwargs = _training_kwargs(cfg, output_dir=str(tmp / "trainer"), learning_rate=setting.learning_rate,
+                                  num_train_epochs=max_epochs, seed=seed)
+        model, peft_config = adapter_start(cfg, self.v2_adapter, seed)
+        data = Dataset.from_list(self.rows["train"])
+        if setting.recipe == "control":  # cross-entropy on the labels: v1 is not needed
+            trainer = TALRTrainer(model=model, args=TALRConfig(**kwargs, weighting="none"), train_dataset=data,
+                                  processing_class=self.tok_new, peft_config=peft_config)
+        else:
+            fields = {"temperature": cfg.temperature, **dict(setting.fields)}
+            trainer = MUSCLETrainer(model=model, args=MUSCLEConfig(**kwargs, recipe=setting.recipe, **fields),
+                                    old_model=self.v1(), old_processing_class=self.tok_old, train_dataset=data,
+                                    processing_class=self.tok_new, peft_config=peft_config)
+        trainer.remove_callback(PrinterCallback)
+        extra = "".join(f", {k} {v:g}" for k, v in setting.fields)
+        trainer.add_callback(TrainingProgress(f"update: {setting.recipe} (lr {setting.learning_rate:g}{extra}) "
+                                              f"seed {seed}"))
+        trainer.add_callback(SaveAtEpochs(epochs, tmp, getattr(trainer, "_student_adapter", None)))
+        trainer.train()
+        shutil.rmtree(tmp / "trainer", ignore_errors=True)
+
+    def setting_scores(self, setting: Setting, seed: int, split: str) -> dict:
+        run = self.train_run(setting, seed)
+        return self.scores(f"{setting.label()} seed {seed}", run.name, split,
+                           lambda: self.adapter_model(run / f"epoch-{setting.epochs}"))
+
+    def v1_scores(self, split: str) -> dict:
+        return self.scores("v1", [self.cfg.old_base, _adapter_identity(self.v1_adapter)], split, self.v1, self.tok_old)
+
+    def v2_scores(self, split: str) -> dict:
+        return self.scores("v2", [self.cfg.new_base, _adapter_identity(self.v2_adapter)], split, self.v2)
+
+    # -- stages ---------------------------------------------------------------------------------------------------
+    def dev_stage(self) -> dict:
+        """Every setting on dev, and the pick, written to `dev_choices.json` (no test item read)."""
+        from ..compat.metrics import flip_metrics
+
+        self.prepare()
+        v1, v2 = self.v1_scores("dev"), self.v2_scores("dev")
+        rows = []
+        for setting in self.settings:
+            got = self.setting_scores(setting, self.cfg.seed, "dev")
+            m = flip_metrics(v1["correct"], got["correct"], seed=self.cfg.seed)
+            rows.append({**setting.as_dict(), "label": setting.label(), "acc": m["new_acc"], "nfr": m["nfr"],
+                         "pfr": m["pfr"], "btc": m["btc"]})
+        rule = pick_setting(rows, self.cfg.max_accuracy_drop)
+        v2m = flip_metrics(v1["correct"], v2["correct"], seed=self.cfg.seed)
+        choices = {"rule": f"lowest dev NFR among settings with dev accuracy ≥ the best control's − "
+                           f"{self.cfg.max_accuracy_drop:g}", **rule,
+                   "chosen_setting": rows[rule["chosen"]], "best_control_setting": rows[rule["best_control"]],
+                   "v1_dev_acc": v2m["old_acc"], "v2_dev_acc": v2m["new_acc"], "v2_dev_nfr": v2m["nfr"],
+                   "n_dev": len(self.rows["dev"]), "settings": rows}
+        atomic_write_text(self.out / "dev_choices.json", json.dumps(choices, indent=2))
+        chosen = self.settings[rule["chosen"]]
+        self.say(f"update: dev pick: {chosen.label()} (dev accuracy {rows[rule['chosen']]['acc']:.3f}, NFR "
+                 f"{rows[rule['chosen']]['nfr']:.3f}); best control {rows[rule['best_control']]['label']} (NFR "
+                 f"{rows[rule['best_control']]['nfr']:.3f})")
+        return choices
+
+    def test_stage(self, choices: dict) -> dict:
+        from ..compat.metrics import flip_indicators, flip_metrics, paired_seeds_difference
+
+        chosen, control = self.settings[choices["chosen"]], self.settings[choices["best_control"]]
+        seeds = self.cfg.test_seeds or [self.cfg.seed]
+        v1, v2 = self.v1_scores("test"), self.v2_scores("test")
+        arms = {"pick": chosen, "control": control} if chosen != control else {"control": control}
+        correct = {arm: [self.setting_scores(s, seed, "test")["correct"] for seed in seeds] for arm, s in arms.items()}
+        summary = {}
+        for arm, runs in [("v2", [v2["correct"]]), *correct.items()]:
+            per_seed = [flip_metrics(v1["correct"], c, seed=self.cfg.seed) for c in runs]
+            summary[arm] = {k: sum(m[k] for m in per_seed) / len(per_seed) if all(m[k] is not None for m in per_seed)
+                            else None for k in ("new_acc", "nfr", "pfr", "btc")}
+            summary[arm]["per_seed_nfr"] = [m["nfr"] for m in per_seed]
+        comparison = None
+        if "pick" in correct:
+            nfr = {arm: [flip_indicators(v1["correct"], c)["nfr"] for c in runs] for arm, runs in correct.items()}
+            d_nfr = paired_seeds_difference(nfr["pick"], nfr["control"], seed=self.cfg.seed)
+            d_acc = paired_seeds_difference(correct["pick"], correct["control"], seed=self.cfg.seed)
+            comparison = {"delta_nfr": d_nfr["diff"], "delta_nfr_ci": d_nfr["ci"], "per_seed": d_nfr["per_seed"],
+                          "delta_acc": d_acc["diff"], "delta_acc_ci": d_acc["ci"]}
+        return {"seeds": seeds, "v1_acc": sum(v1["correct"]) / len(v1["correct"]), "arms": summary,
+                "pick_vs_control": comparison, "n_test": len(self.rows["test"])}
+
+    def ship(self, choices: dict) -> Path:
+        """The pick's adapter (seed `cfg.seed`) as `output_dir/chosen/`, with the setting beside it."""
+        setting = self.settings[choices["chosen"]]
+        source = self.train_run(setting, self.cfg.seed) / f"epoch-{setting.epochs}"
+        with finished_dir(self.out / "chosen") as tmp:
+            shutil.copytree(source, tmp, dirs_exist_ok=True)
+            (tmp / "adaptguard_choice.json").write_text(json.dumps(
+                {"setting": setting.as_dict(), "seed": self.cfg.seed, "base": self.cfg.new_base}, indent=2))
+        return self.out / "chosen"
+
+
+def _settings(row: dict) -> str:
+    """'lr 0.002, 2 epochs, …' of a dev row's label `recipe (…)`."""
+    return row["label"].split(" (", 1)[1][:-1]
+
+
+def verdict(choices: dict, test: dict) -> str:
+    """The report's one sentence."""
+    chosen, control = choices["chosen_setting"], choices["best_control_setting"]
+    ctrl = test["arms"]["control"]
+    if test["pick_vs_control"] is None:
+        others = [r for r in choices["settings"] if r["recipe"] != "control"]
+        best = min(others, key=lambda r: r["nfr"]) if others else None
+        why = (f" (lowest dev NFR among the others: {best['label']}, {best['nfr']:.3f} at dev accuracy "
+               f"{best['acc']:.3f})" if best else "")
+        return (f"ship the control ({_settings(control)}): no recipe beat it on dev{why}; on test its NFR is "
+                f"{ctrl['nfr']:.3f} at accuracy {ctrl['new_acc']:.3f}.")
+    c = test["pick_vs_control"]
+    lo, hi = c["delta_nfr_ci"]
+    confirmed = ("the test confirms it" if hi < 0 else "the test does not confirm it (the CI contains 0)" if lo <= 0
+                 else "on test it broke MORE answers than the control")
+    p = ", ".join(f"{s['mcnemar_p']:.3g}" for s in c["per_seed"])
+    return (f"ship `{chosen['recipe']}` ({_settings(chosen)}): NFR "
+            f"{test['arms']['pick']['nfr']:.3f} vs control {ctrl['nfr']:.3f} on test, Δ {c['delta_nfr']:+.3f} "
+            f"(95% CI {lo:+.3f} to {hi:+.3f}; McNemar p {p}); accuracy {test['arms']['pick']['new_acc']:.3f} vs "
+            f"{ctrl['new_acc']:.3f}; {confirmed}.")
+
+
+def markdown(report: dict) -> str:
+    ch, test = report["dev"], report["test"]
+
+    def f(v):
+        return "–" if v is None else f"{v:.3f}"
+
+    lines = ["# Update: the recipe chosen on dev, tested against the control", "",
+             f"**{report['verdict']}**", "",
+             f"Old base `{report['old_base']}` → new base `{report['new_base']}`; {report['n_train']} train, "
+             f"{ch['n_dev']} dev, {test['n_test']} test items (exact match of the greedy answer). Rule: "
+             f"{ch['rule']}; accuracy floor {ch['accuracy_floor']:.3f}.", "",
+             "## Dev: every setting (flips against v1)", "",
+             f"v1 {ch['v1_dev_acc']:.3f}, v2 {ch['v2_dev_acc']:.3f} (NFR {ch['v2_dev_nfr']:.3f}).", "",
+             "| setting | dev acc | NFR | PFR | BTC | eligible | |", "|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(ch["settings"]):
+        mark = "**pick**" if i == ch["chosen"] else "best control" if i == ch["best_control"] else ""
+        lines.append(f"| {r['label']} | {f(r['acc'])} | {f(r['nfr'])} | {f(r['pfr'])} | {f(r['btc'])} | "
+                     f"{'yes' if r['acc'] >= ch['accuracy_floor'] - 1e-12 else 'no'} | {mark} |")
+    lines += ["", "![dev trade-off](dev_tradeoff.png)", "",
+              f"## Test (seeds {test['seeds']}, mean over seeds; v1 accuracy {test['v1_acc']:.3f})", "",
+              "| model | acc | NFR | PFR | BTC |", "|---|---|---|---|---|"]
+    for arm, m in test["arms"].items():
+        lines.append(f"| {arm} | {f(m['new_acc'])} | {f(m['nfr'])} | {f(m['pfr'])} | {f(m['btc'])} |")
+    c = test["pick_vs_control"]
+    if c:
+        lines += ["", f"Pick − control, item-paired over {len(test['seeds'])} seed(s): Δ NFR {c['delta_nfr']:+.3f} "
+                  f"(95% CI {c['delta_nfr_ci'][0]:+.3f} to {c['delta_nfr_ci'][1]:+.3f}), Δ accuracy "
+                  f"{c['delta_acc']:+.3f} (95% CI {c['delta_acc_ci'][0]:+.3f} to {c['delta_acc_ci'][1]:+.3f}); "
+                  "McNemar per seed: " + ", ".join(f"p {s['mcnemar_p']:.3g} ({s['n_a_only']} vs {s['n_b_only']} "
+                                                    "discordant)" for s in c["per_seed"]) + "."]
+    lines += ["", f"The chosen adapter: `chosen/` (load it on the new base with `PeftModel.from_pretrained`). "
+              f"Total {report['seconds']:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def plot_dev(choices: dict, path: Path) -> None:
+    """Dev accuracy vs NFR of every setting, by recipe; the accuracy floor; the pick and the best control marked."""
+    from ..utils.figures import new_figure, save_figure
+
+    fig = new_figure(figsize=(6.4, 4.4))
+    ax = fig.subplots()
+    rows = choices["settings"]
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        pts = [r for r in rows if r["recipe"] == recipe]
+        ax.scatter([r["acc"] for r in pts], [r["nfr"] for r in pts], label=recipe, s=40,
+                   marker="s" if recipe == "control" else "o", alpha=0.8)
+    for key, style in (("chosen", dict(s=220, facecolors="none", edgecolors="red", linewidths=1.5, label="pick")),
+                       ("best_control", dict(s=220, facecolors="none", edgecolors="black", linewidths=1,
+                                             label="best control"))):
+        r = rows[choices[key]]
+        ax.scatter([r["acc"]], [r["nfr"]], **style)
+    ax.axvline(choices["accuracy_floor"], color="grey", linestyle="--", linewidth=1, label="accuracy floor")
+    ax.set_xlabel("dev accuracy (exact match)")
+    ax.set_ylabel("dev NFR against v1 (lower is better)")
+    ax.set_title("Every candidate setting on dev", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=110)
+
+
+def run_pick(cfg: UpdateConfig) -> dict:
+    import datasets
+    import transformers
+
+    from ..utils.progress import say
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    start = time.perf_counter()
+    pick = Pick(cfg, say=say)
+    choices = pick.dev_stage()
+    test = pick.test_stage(choices)
+    pick.ship(choices)
+    plot_dev(choices, pick.out / "dev_tradeoff.png")
+    report = {"old_base": pick.cfg.old_base, "new_base": pick.cfg.new_base, "n_train": len(pick.rows["train"]),
+              "dev": choices, "test": test, "verdict": verdict(choices, test),
+              "config": {k: v for k, v in pick.cfg.__dict__.items() if k not in ("train", "dev", "test")},
+              "seconds": time.perf_counter() - start}
+    atomic_write_text(pick.out / "report.json", json.dumps(report, indent=2, default=str))
+    atomic_write_text(pick.out / "report.md", markdown(report))
+    say(f"update: {report['verdict']}")
+    return report
