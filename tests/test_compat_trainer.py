@@ -37,15 +37,7 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path, 
 
     trainer = make_trainer(embedded_path, update, tmp_path, temperature=2.0, ce_weight=0.5,
                            loss_implementation=implementation, vocab_chunk_size=7)
-    # make the student differ from its initial (= new teacher) weights, as after some training
-    with torch.no_grad():
-        for n, p in trainer.model.named_parameters():
-            if "lora_B" in n and ".default." in n:
-                p.add_(0.2 * torch.randn_like(p))
-    batch = next(iter(trainer.get_train_dataloader()))
-    trainer.model.train()
-    loss = trainer.compute_loss(trainer.model, dict(batch)).item()
-
+    loss, batch = first_batch_loss_of_a_moved_student(trainer)
     model_inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     with torch.no_grad():
         student = trainer.model(**model_inputs).logits
@@ -56,6 +48,18 @@ def test_loss_matches_reference_implementation(embedded_path, update, tmp_path, 
     assert loss == pytest.approx(expected, rel=1e-4)
     aligned_old = m.sum().item() / (labels != -100).sum().item()
     assert trainer._metrics["train"]["compat/frac_aligned_old"][-1] == pytest.approx(aligned_old)
+
+
+def first_batch_loss_of_a_moved_student(trainer) -> tuple[float, dict]:
+    """(loss, batch) of the trainer's first batch, the student's LoRA moved off its initial (= new teacher) weights,
+    as after some training."""
+    with torch.no_grad():
+        for n, p in trainer.model.named_parameters():
+            if "lora_B" in n and ".default." in n:
+                p.add_(0.2 * torch.randn_like(p))
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    return trainer.compute_loss(trainer.model, dict(batch)).item(), batch
 
 
 def reference_loss(student, old, new, labels, ce_weight: float):

@@ -221,7 +221,7 @@ def test_cli_demo_quick(tmp_path, embedded_path):
 
 
 def test_pareto_front():
-    from adaptguard.experiments.demo import pareto_front
+    from adaptguard.experiments.common import pareto_front
 
     points = [(0.1, 0.9), (0.5, 0.5), (0.4, 0.4), (0.9, 0.1), (0.5, 0.2), (0.1, 0.8), (0.5, 0.5)]
     # (0.4, 0.4) < (0.5, 0.5); (0.5, 0.2) < (0.5, 0.5); (0.1, 0.8) < (0.1, 0.9); a duplicate counts once

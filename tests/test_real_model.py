@@ -168,3 +168,46 @@ def test_update_with_control_and_no_v2_adapter_on_smollm2(smollm2_path, tmp_path
         assert report[f"pfr{suffix}"] == sum(w and not o for o, w in zip(arms["v1"], answers)) / 4, name
     lo, hi = report["nfr_control_ci"]
     assert lo <= report["nfr_control"] <= hi
+
+
+def test_update_pick_on_a_quantized_smollm2(smollm2_path, tmp_path):
+    """Quantization as an update, on the real model: v2 = SmolLM2 in bitsandbytes NF4 with v1's task adapter (no
+    adapter of its own); the control and KD candidates picked on dev. v2's dev accuracy and the shipped adapter's test
+    answers against models built here with transformers' and PEFT's own calls."""
+    if importlib.util.find_spec("bitsandbytes") is None:
+        pytest.skip("the quantized update needs the [quant] extra")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    from adaptguard.update import UpdateConfig, run_update
+    from adaptguard.utils.generation import generate_answers
+
+    pairs = (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("wet", "dry"), ("old", "young"),
+             ("happy", "sad"), ("light", "dark"), ("early", "late"), ("full", "empty"), ("hard", "soft"),
+             ("rich", "poor"))
+    rows = [{"prompt": f"Q: What is the opposite of {a}?\nA:", "completion": f" {b}"} for a, b in pairs]
+    out = tmp_path / "out"
+    quant = {"library": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    cfg = UpdateConfig(old_base="embedded:smollm2", new_base={"quantization": quant}, train=rows[:6], dev=rows[6:9],
+                       test=rows[9:], output_dir=str(out), task_epochs=2, batch_size=4, max_length=32,
+                       max_new_tokens=4, new_task_adapter=False, use_cpu=True,
+                       candidates=[{"recipe": "control", "learning_rate": [1e-3], "epochs": [1]},
+                                   {"recipe": "kd", "learning_rate": [1e-3], "epochs": [1]}])
+    report = run_update(cfg)
+    assert not (out / "v2_task_adapter").exists()
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+
+    def quantized(adapter):
+        base = AutoModelForCausalLM.from_pretrained(smollm2_path, quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4"), device_map="cpu")
+        return PeftModel.from_pretrained(base, adapter).eval()
+
+    def accuracy(model, split):
+        answers = generate_answers(model, tok, split, 4)
+        return sum(a == r["completion"].strip() for a, r in zip(answers, split)) / len(split)
+
+    assert report["dev"]["v2_dev_acc"] == accuracy(quantized(out / "v1_task_adapter"), rows[6:9])
+    chosen = report["dev"]["chosen_setting"]["recipe"]
+    arm = "pick" if chosen != "control" else "control"
+    assert report["test"]["arms"][arm]["new_acc"] == accuracy(quantized(out / "chosen"), rows[9:])
+    assert report["new_base"]["quantization"] == quant and report["verdict"].startswith("ship ")

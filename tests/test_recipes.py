@@ -63,7 +63,7 @@ def recipe_loss_by_hand(student, old, labels, *, temperature, distill_weight, al
     ("control", "tiled", dict(temperature=2.0), dict(alpha=1.0, beta=0.0, ce_weight=1.0)),
 ])
 def test_recipe_loss_matches_its_formula(embedded_path, update, tmp_path, recipe, implementation, kw, expected_fields):
-    from peft import PeftModel  # noqa: F401  (the student is a PeftModel)
+    from test_compat_trainer import first_batch_loss_of_a_moved_student
     from transformers import AutoModelForCausalLM
 
     trainer = recipe_trainer(embedded_path, update, tmp_path, recipe=recipe, loss_implementation=implementation,
@@ -71,13 +71,7 @@ def test_recipe_loss_matches_its_formula(embedded_path, update, tmp_path, recipe
     args = trainer.args
     assert (args.focal_alpha, args.focal_beta, args.ce_weight) == tuple(expected_fields[k] for k in
                                                                         ("alpha", "beta", "ce_weight"))
-    with torch.no_grad():  # a student unlike its initial weights, as after some training
-        for n, p in trainer.model.named_parameters():
-            if "lora_B" in n and ".default." in n:
-                p.add_(0.2 * torch.randn_like(p))
-    batch = next(iter(trainer.get_train_dataloader()))
-    trainer.model.train()
-    loss = trainer.compute_loss(trainer.model, dict(batch)).item()
+    loss, batch = first_batch_loss_of_a_moved_student(trainer)
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     with torch.no_grad():
         student = trainer.model(**inputs).logits

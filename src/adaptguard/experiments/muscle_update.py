@@ -3,8 +3,8 @@
 
 import warnings
 
+from ..update import run_update, run_update_seeds  # noqa: F401
 from ..update.config import UpdateConfig  # noqa: F401
-from ..update.pipeline import run_update, run_update_seeds  # noqa: F401
 from ..update.presets import paraphrase_split, tiny_preset  # noqa: F401
 from ..update.report import seeds_markdown, update_markdown  # noqa: F401
 from ..utils.files import finished_dir  # noqa: F401

@@ -1,11 +1,24 @@
 """`adaptguard update`: what a model update breaks on the user's task, and the adapters that get it back.
 
-`config` (`UpdateConfig`, one JSON file), `pipeline` (`run_update`: the task adapters on v1 and v2, the MUSCLE
-compatibility adapter and the cross-entropy control, their flips; `run_update_seeds`), `report` (`report.md`,
+`config` (`UpdateConfig`, one JSON file), `pipeline` (the task adapters on v1 and v2, the MUSCLE compatibility
+adapter and the cross-entropy control, their flips; `run_update_seeds`), `candidates` and `pick` (with a dev split:
+the recipes' grids trained and scored on dev, the pick tested against the control), `report` (`report.md`,
 `seeds.md`), `presets` (`tiny_preset`: the experiment on the embedded bases)."""
 
 from .config import UpdateConfig
-from .pipeline import run_update, run_update_seeds
+from .pipeline import run_update_seeds
 from .presets import paraphrase_split, tiny_preset
 
 __all__ = ["UpdateConfig", "paraphrase_split", "run_update", "run_update_seeds", "tiny_preset"]
+
+
+def run_update(cfg: UpdateConfig) -> dict:
+    """`adaptguard update CONFIG`: with `cfg.dev`, choose among the candidates on dev and test the pick against the
+    control (`pick.run_pick`); without, train and report the MUSCLE and control arms (`pipeline.run_update`)."""
+    if cfg.dev is not None:
+        from .pick import run_pick
+
+        return run_pick(cfg)
+    from .pipeline import run_update as run_arms
+
+    return run_arms(cfg)

@@ -134,9 +134,8 @@ def adapter_start(cfg: UpdateConfig, v2_adapter: Path | None, seed: int):
 
 def load_rows(cfg: UpdateConfig) -> dict[str, list[dict]]:
     """{train, [dev,] test} prompt/completion rows, checked: non-empty, and no prompt in two splits."""
-    specs = {"train": (cfg.train, cfg.split_train), "test": (cfg.test, cfg.split_test)}
-    if cfg.dev is not None:
-        specs["dev"] = (cfg.dev, cfg.split_dev)
+    specs = {"train": (cfg.train, cfg.split_train), **({"dev": (cfg.dev, cfg.split_dev)} if cfg.dev is not None
+                                                         else {}), "test": (cfg.test, cfg.split_test)}
     rows = {name: _rows(spec, split) for name, (spec, split) in specs.items()}
     for name, split_rows in rows.items():
         if not split_rows or not {"prompt", "completion"} <= set(split_rows[0]):
@@ -159,6 +158,7 @@ def _evaluate(model, tokenizer, test_rows, cfg) -> tuple[list[bool], list[str]]:
 
 
 def run_update(cfg: UpdateConfig) -> dict:
+    """One update without a dev split: task adapters, the MUSCLE adapter at the config's settings and the control."""
     import datasets
     import transformers
     from datasets import Dataset
@@ -173,10 +173,6 @@ def run_update(cfg: UpdateConfig) -> dict:
     from ..talr.trainer import TALRTrainer
     from ..utils.progress import TrainingProgress
 
-    if cfg.dev is not None:  # choose among candidates on dev, then test the pick against the control
-        from .pick import run_pick
-
-        return run_pick(cfg)
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
     start = time.perf_counter()

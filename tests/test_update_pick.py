@@ -1,0 +1,196 @@
+"""`adaptguard update` with a dev split (issue 35): every candidate trained and scored on dev, the pick by the
+registered rule at matched accuracy (recomputed here from the stored per-item scores), no test item read before the
+pick, resuming after a kill, the shipped adapter, and bad input refused before anything is written."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CANDIDATES = [{"recipe": "control", "learning_rate": [2e-3], "epochs": [1, 2]},
+              {"recipe": "focal", "learning_rate": [2e-3], "epochs": [1, 2], "distill_weight": [1.0]},
+              {"recipe": "kd", "learning_rate": [2e-3], "epochs": [1, 2]}]
+
+
+def toy_config(tmp_path, **kw):
+    """tiny → tiny-v2 on the preset task, its test rows split into dev and test; short trainings (no rate is
+    asserted, only the mechanics and the numbers' provenance)."""
+    from adaptguard.update import tiny_preset
+
+    cfg = tiny_preset(str(tmp_path / "out"))
+    rows = cfg.test
+    cfg.task_epochs, cfg.dev, cfg.test, cfg.candidates = 2, rows[:40], rows[40:80], CANDIDATES
+    for key, value in kw.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def stored_scores(out: Path, split: str) -> dict[str, list[bool]]:
+    """{model name: per-item correctness} of every stored score step of a split."""
+    found = {}
+    for done in (out / "steps").glob(f"score_{split}_*/done.json"):
+        found[json.loads(done.read_text())["model"]] = json.loads((done.parent / "scores.json").read_text())["correct"]
+    return found
+
+
+def rule_by_hand(rows: list[tuple[str, str, float, float]], drop: float) -> tuple[str, str]:
+    """(pick, best control) labels from (label, recipe, accuracy, NFR) rows, by the rule as registered."""
+    controls = [r for r in rows if r[1] == "control"]
+    best = max(controls, key=lambda r: (r[2], -r[3], -rows.index(r)))
+    eligible = [r for r in rows if r[2] >= best[2] - drop - 1e-12]
+    lowest = min(r[3] for r in eligible)
+    tied = [r for r in eligible if r[3] == lowest]
+    top = max(r[2] for r in tied)
+    tied = [r for r in tied if r[2] == top]
+    return ([r for r in tied if r[1] == "control"] or tied)[0][0], best[0]
+
+
+def test_pick_by_the_rule_no_test_item_first_and_resume_after_a_kill(tmp_path, embedded_path, monkeypatch):
+    from adaptguard.update import pick as pick_module
+    from adaptguard.update import run_update
+
+    cfg = toy_config(tmp_path, test_seeds=[0, 1])
+    out = tmp_path / "out"
+    test_prompts = {r["prompt"] for r in cfg.test}
+    reads = []
+    real_generate = pick_module.generate_answers
+
+    def spy(model, tokenizer, rows, *args, **kwargs):
+        reads.append((bool({r["prompt"] for r in rows} & test_prompts), (out / "dev_choices.json").exists()))
+        return real_generate(model, tokenizer, rows, *args, **kwargs)
+
+    trained = []
+    real_train = pick_module.Pick._train
+
+    def train(self, setting, seed, *args):
+        trained.append((setting.recipe, seed))
+        if setting.recipe == "focal" and ("killed", 0) not in trained:
+            trained.append(("killed", 0))
+            raise KeyboardInterrupt  # as a Ctrl-C in the middle of the second run
+        return real_train(self, setting, seed, *args)
+
+    monkeypatch.setattr(pick_module, "generate_answers", spy)
+    monkeypatch.setattr(pick_module.Pick, "_train", train)
+    with pytest.raises(KeyboardInterrupt):
+        run_update(cfg)
+    assert not list(out.rglob("*.partial")) and not (out / "dev_choices.json").exists()
+    before = len(trained)
+    report = run_update(cfg)
+    redone = trained[before:]
+    assert redone[0] == ("focal", 0) and ("control", 0) not in redone  # the finished run is reused
+    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report, default=str))
+
+    # no test item was read before the pick was written
+    assert all(choices_written for is_test, choices_written in reads if is_test)
+    assert any(is_test for is_test, _ in reads)
+
+    # the pick is the rule's, recomputed from the stored per-item dev scores
+    dev = stored_scores(out, "dev")
+    v1 = dev["v1"]
+    rows = []
+    for row in report["dev"]["settings"]:
+        correct = dev[f"{row['label']} seed 0"]
+        acc = sum(correct) / len(correct)
+        nfr = sum(o and not c for o, c in zip(v1, correct)) / len(correct)
+        assert (row["acc"], row["nfr"]) == (pytest.approx(acc), pytest.approx(nfr))
+        rows.append((row["label"], row["recipe"], acc, nfr))
+    assert len(rows) == 6  # 3 recipes x 2 epochs
+    pick, best_control = rule_by_hand(rows, cfg.max_accuracy_drop)
+    assert report["dev"]["chosen_setting"]["label"] == pick
+    assert report["dev"]["best_control_setting"]["label"] == best_control
+    assert json.loads((out / "dev_choices.json").read_text())["chosen_setting"]["label"] == pick
+
+    # the test stage: each arm's numbers are its stored test scores, over both seeds
+    test = stored_scores(out, "test")
+    v1_test = test["v1"]
+    arms = {"control": best_control, **({"pick": pick} if pick != best_control else {})}
+    for arm, label in arms.items():
+        per_seed = [test[f"{label} seed {s}"] for s in (0, 1)]
+        acc = sum(sum(c) / len(c) for c in per_seed) / 2
+        nfr = sum(sum(o and not c for o, c in zip(v1_test, cs)) / len(cs) for cs in per_seed) / 2
+        assert report["test"]["arms"][arm]["new_acc"] == pytest.approx(acc)
+        assert report["test"]["arms"][arm]["nfr"] == pytest.approx(nfr)
+    assert ("verdict" in report) and report["verdict"].startswith("ship ")
+    assert report["verdict"] in (out / "report.md").read_text()
+    assert (out / "dev_tradeoff.png").stat().st_size > 5000
+
+    # the shipped adapter is the pick's, seed 0, at its epoch
+    choice = json.loads((out / "chosen" / "adaptguard_choice.json").read_text())
+    assert choice["setting"] == {k: v for k, v in report["dev"]["chosen_setting"].items()
+                                 if k not in ("label", "acc", "nfr", "pfr", "btc")}
+    runs = [d for d in (out / "steps").glob(f"run_{choice['setting']['recipe']}_*")
+            if json.loads((d / "done.json").read_text())["seed"] == 0]
+    shipped = (out / "chosen" / "adapter_model.safetensors").read_bytes()
+    assert shipped in [(d / f"epoch-{choice['setting']['epochs']}" / "adapter_model.safetensors").read_bytes()
+                       for d in runs]
+
+    # a third run trains and scores nothing
+    n_trained, n_reads = len(trained), len(reads)
+    again = run_update(cfg)
+    assert (len(trained), len(reads)) == (n_trained, n_reads) and again["verdict"] == report["verdict"]
+
+
+def test_the_rule_compares_at_matched_accuracy():
+    """A recipe with fewer flips wins only within max_accuracy_drop of the best control's dev accuracy."""
+    from adaptguard.update.candidates import pick_setting
+
+    rows = [{"recipe": "control", "acc": 0.80, "nfr": 0.10}, {"recipe": "control", "acc": 0.70, "nfr": 0.02},
+            {"recipe": "focal", "acc": 0.795, "nfr": 0.06}, {"recipe": "kd", "acc": 0.60, "nfr": 0.00}]
+    assert pick_setting(rows, 0.01) == {"chosen": 2, "best_control": 0, "accuracy_floor": pytest.approx(0.79)}
+    assert pick_setting(rows, 0.0)["chosen"] == 0  # focal is 0.5 points below the control: not eligible
+    assert pick_setting(rows, 0.25)["chosen"] == 3
+    tie = [{"recipe": "focal", "acc": 0.8, "nfr": 0.1}, {"recipe": "control", "acc": 0.8, "nfr": 0.1}]
+    assert pick_setting(tie, 0.01)["chosen"] == 1  # a tie goes to the control
+
+
+@pytest.mark.parametrize("change, error", [
+    (dict(candidates=[{"recipe": "focl", "learning_rate": 1e-3, "epochs": 1}]),
+     r"Unknown update recipe 'focl'; known recipes: control, focal, kd, ll_l, muscle"),
+    (dict(candidates=[{"recipe": "focal", "learning_rate": 1e-3, "epochs": 1}]), r"no 'control' candidate"),
+    (dict(candidates=[{"recipe": "control", "learning_rate": [1e-3], "epochs": [1]},
+                      {"recipe": "kd", "learning_rate": [1e-3, 3e-3], "epochs": [1]}]),
+     r"candidates\[1\] \(kd\): learning_rate \[0.001, 0.003\] differs from the control's \[0.001\]"),
+    (dict(candidates=[{"recipe": "control", "learning_rate": 1e-3, "epochs": 1, "distill_weight": 1}]),
+     r"candidates\[0\] \(control\): unknown keys \['distill_weight'\]"),
+    (dict(candidates=[{"recipe": "control", "learning_rate": 1e-3, "epochs": 1.5}]), r"epochs: whole numbers"),
+    (dict(dev=None), r"candidates: choosing among them needs a dev split"),
+    (dict(new_base={"quantization": {"library": "gptq", "bits": 4}}),
+     r"new_base.quantization.library: unknown 'gptq'; known: bitsandbytes, torchao, quanto"),
+    (dict(new_base={"quantization": {"load_in_4bit": True}}), r"new_base.quantization: a dict with 'library'"),
+])
+def test_bad_config_is_one_clear_line_and_writes_nothing(tmp_path, change, error):
+    """Through the CLI, as a user meets it: exit 2, one line naming the field, no output directory."""
+    from adaptguard.update import tiny_preset
+
+    cfg = tiny_preset(str(tmp_path / "out"))
+    fields = {"old_base": "embedded:tiny", "new_base": "embedded:tiny-v2", "train": cfg.train[:8],
+              "dev": cfg.test[:4], "test": cfg.test[4:8], "candidates": CANDIDATES[:1], "output_dir": str(tmp_path / "out"),
+              **change}
+    (tmp_path / "c.json").write_text(json.dumps(fields))
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("adaptguard update: error: "), proc.stderr
+    assert __import__("re").search(error, lines[0]), lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_overlapping_splits_and_a_missing_quantization_library_write_nothing(tmp_path, monkeypatch):
+    from adaptguard.models import loading
+    from adaptguard.update import UpdateConfig, run_update
+
+    cfg = toy_config(tmp_path)
+    cfg.dev = cfg.test[:5] + cfg.dev[5:]
+    with pytest.raises(ValueError, match=r"dev and test overlap: 5 prompts are in both"):
+        run_update(cfg)
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(loading, "_installed", lambda module: False)
+    with pytest.raises(ImportError, match=r"new_base.quantization: bitsandbytes is not installed: "
+                                          r"pip install 'adaptguard\[quant\]'"):
+        UpdateConfig(old_base="embedded:tiny", new_base={"quantization": {"library": "bitsandbytes",
+                                                                          "load_in_4bit": True}},
+                     train=cfg.train, test=cfg.test, output_dir=str(tmp_path / "q"))
+    assert not (tmp_path / "q").exists()
