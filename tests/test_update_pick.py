@@ -194,3 +194,25 @@ def test_overlapping_splits_and_a_missing_quantization_library_write_nothing(tmp
                                                                           "load_in_4bit": True}},
                      train=cfg.train, test=cfg.test, output_dir=str(tmp_path / "q"))
     assert not (tmp_path / "q").exists()
+
+
+def test_generated_answers_of_conversational_rows_and_a_tokenizer_without_pad(embedded_path):
+    """Conversational prompt/completion rows (TRL's other format) are rendered with the chat template and scored by
+    the completion message's text; a tokenizer without a pad token (Llama's) pads with EOS and is left as it was."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptguard.utils.generation import answer_text, exact_match, generate_answers, prompt_key
+
+    model, tok = AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
+    questions = ["question : opposite of big ? answer :", "the opposite of hot is", "count : 4 5 6"]
+    chat = [{"prompt": [{"role": "user", "content": q}], "completion": [{"role": "assistant", "content": " x "}]}
+            for q in questions]
+    rendered = [{"prompt": tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True),
+                 "completion": "x"} for r in chat]
+    assert tok.bos_token is None  # so the rendered text tokenizes to the same ids with or without special tokens
+    answers = generate_answers(model, tok, chat, max_new_tokens=6)
+    assert answers == generate_answers(model, tok, rendered, max_new_tokens=6)
+    assert answer_text(chat[0]["completion"]) == "x" and exact_match(["x", "y", "x"], chat) == [True, False, True]
+    assert prompt_key(chat[0]["prompt"]) != prompt_key(chat[1]["prompt"])
+    tok.pad_token = None
+    assert generate_answers(model, tok, rendered, max_new_tokens=6) == answers and tok.pad_token is None

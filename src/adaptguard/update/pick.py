@@ -25,7 +25,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from ..utils.files import atomic_write_text, finished_dir
-from ..utils.generation import generate_answers
+from ..utils.generation import exact_match, generate_answers
 from ..utils.store import Store
 from .candidates import Setting, expand_candidates, pick_setting
 from .config import UpdateConfig
@@ -113,7 +113,7 @@ class Pick:
         def make(tmp: Path) -> None:
             self.say(f"update: scoring {name} on {split} ({len(rows)} items)")
             preds = generate_answers(model_fn(), tokenizer or self.tok_new, rows, self.cfg.max_new_tokens)
-            correct = [p == r["completion"].strip() for p, r in zip(preds, rows)]
+            correct = exact_match(preds, rows)
             (tmp / "scores.json").write_text(json.dumps({"correct": correct, "pred": preds}))
 
         folder = self.store.get(f"score_{split}_{_digest(settings)}", settings, make)

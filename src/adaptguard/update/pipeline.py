@@ -22,7 +22,7 @@ from pathlib import Path
 from ..models.embedded import resolve_model
 from ..models.loading import load_causal_lm
 from ..utils.files import atomic_write_text, finished_dir
-from ..utils.generation import generate_answers
+from ..utils.generation import answer_text, exact_match, generate_answers, prompt_key
 from ..utils.lora import default_lora_targets
 from .config import UpdateConfig
 from .report import seeds_markdown, update_markdown
@@ -140,12 +140,12 @@ def load_rows(cfg: UpdateConfig) -> dict[str, list[dict]]:
     for name, split_rows in rows.items():
         if not split_rows or not {"prompt", "completion"} <= set(split_rows[0]):
             raise ValueError(f"the {name} set must be non-empty prompt/completion rows")
-    if not any(str(r["completion"]).strip() for r in rows["train"]):
+    if not any(answer_text(r["completion"]) for r in rows["train"]):
         raise ValueError(f"train: every row's 'completion' is empty ({len(rows['train'])} rows): nothing to learn")
     names = list(rows)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            shared = {r["prompt"] for r in rows[a]} & {r["prompt"] for r in rows[b]}
+            shared = {prompt_key(r["prompt"]) for r in rows[a]} & {prompt_key(r["prompt"]) for r in rows[b]}
             if shared:
                 raise ValueError(f"{a} and {b} overlap: {len(shared)} prompts are in both (e.g. "
                                  f"{sorted(shared)[0]!r}); the splits must be disjoint")
@@ -154,7 +154,7 @@ def load_rows(cfg: UpdateConfig) -> dict[str, list[dict]]:
 
 def _evaluate(model, tokenizer, test_rows, cfg) -> tuple[list[bool], list[str]]:
     preds = generate_answers(model, tokenizer, test_rows, cfg.max_new_tokens)
-    return [p == r["completion"].strip() for p, r in zip(preds, test_rows)], preds
+    return exact_match(preds, test_rows), preds
 
 
 def run_update(cfg: UpdateConfig) -> dict:

@@ -1,27 +1,56 @@
-"""Greedy answers of a causal LM to prompt rows, in batches (left padding): what exact-match scoring compares."""
+"""Greedy answers of a causal LM to prompt rows, in batches (left padding): what exact-match scoring compares.
+
+Rows are TRL's prompt-completion rows, standard (`"prompt"`/`"completion"` strings) or conversational (lists of
+`{"role", "content"}` messages; the prompt is rendered with the tokenizer's chat template, as SFTTrainer renders it).
+"""
 
 from __future__ import annotations
 
+import json
+
 import torch
+
+
+def answer_text(completion) -> str:
+    """A completion's text, stripped: the string, or the messages' contents joined (conversational rows)."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion).strip()
+    return str(completion).strip()
+
+
+def prompt_key(prompt) -> str:
+    """A hashable form of a prompt (string or messages), to compare splits."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
+def exact_match(predictions: list[str], rows: list[dict]) -> list[bool]:
+    """Per row: the greedy answer equals the completion's text."""
+    return [p == answer_text(r["completion"]) for p, r in zip(predictions, rows)]
 
 
 @torch.no_grad()
 def generate_answers(model, tokenizer, rows: list[dict], max_new_tokens: int = 32, batch_size: int = 32
                      ) -> list[str]:
     """Greedy completions of each row's prompt (up to EOS), stripped."""
-    side, was_training = tokenizer.padding_side, model.training
+    side, pad, was_training = tokenizer.padding_side, tokenizer.pad_token, model.training
     tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:  # e.g. Llama's tokenizer: pad with EOS, which attention masks out
+        tokenizer.pad_token = tokenizer.eos_token
     model.eval()
     out = []
     try:
         for i in range(0, len(rows), batch_size):
-            prompts = [r["prompt"] for r in rows[i:i + batch_size]]
-            batch = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
+            chat = [isinstance(r["prompt"], list) for r in rows[i:i + batch_size]]
+            prompts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+                       if c else r["prompt"] for r, c in zip(rows[i:i + batch_size], chat)]
+            # a rendered chat template already holds the special tokens (BOS) the tokenizer would add again
+            batch = tokenizer(prompts, return_tensors="pt", padding=True,
+                              add_special_tokens=not any(chat)).to(model.device)
             gen = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
             out += [t.strip() for t in tokenizer.batch_decode(gen[:, batch["input_ids"].shape[1]:],
                                                                skip_special_tokens=True)]
     finally:
-        tokenizer.padding_side = side
+        tokenizer.padding_side, tokenizer.pad_token = side, pad
         model.train(was_training)
     return out
