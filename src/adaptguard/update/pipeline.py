@@ -133,7 +133,8 @@ def adapter_start(cfg: UpdateConfig, v2_adapter: Path | None, seed: int):
 
 
 def load_rows(cfg: UpdateConfig) -> dict[str, list[dict]]:
-    """{train, [dev,] test} prompt/completion rows, checked: non-empty, and no prompt in two splits."""
+    """{train, [dev,] test} prompt/completion rows, checked: non-empty, and — with a dev split, where the pick must
+    not see its test items — no prompt in two splits."""
     specs = {"train": (cfg.train, cfg.split_train), **({"dev": (cfg.dev, cfg.split_dev)} if cfg.dev is not None
                                                          else {}), "test": (cfg.test, cfg.split_test)}
     rows = {name: _rows(spec, split) for name, (spec, split) in specs.items()}
@@ -142,7 +143,7 @@ def load_rows(cfg: UpdateConfig) -> dict[str, list[dict]]:
             raise ValueError(f"the {name} set must be non-empty prompt/completion rows")
     if not any(answer_text(r["completion"]) for r in rows["train"]):
         raise ValueError(f"train: every row's 'completion' is empty ({len(rows['train'])} rows): nothing to learn")
-    names = list(rows)
+    names = list(rows) if cfg.dev is not None else []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             shared = {prompt_key(r["prompt"]) for r in rows[a]} & {prompt_key(r["prompt"]) for r in rows[b]}
