@@ -346,5 +346,4 @@ def run_pick(cfg: UpdateConfig) -> dict:
               "seconds": time.perf_counter() - start}
     atomic_write_text(pick.out / "report.json", json.dumps(report, indent=2, default=str))
     atomic_write_text(pick.out / "report.md", markdown(report))
-    say(f"update: {report['verdict']}")
     return report
