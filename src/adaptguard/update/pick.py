@@ -106,13 +106,16 @@ class Pick:
     # -- steps ----------------------------------------------------------------------------------------------------
     def scores(self, name: str, identity, split: str, model_fn, tokenizer=None) -> dict:
         """{"correct": [...], "pred": [...]} of a model (`identity`: what made it) on a split, stored."""
+        from .pipeline import for_scoring
+
         rows = self.rows[split]
         settings = {"split": split, "rows": _digest(rows), "max_new_tokens": self.cfg.max_new_tokens, "model": name,
                     "identity": identity}
 
         def make(tmp: Path) -> None:
             self.say(f"update: scoring {name} on {split} ({len(rows)} items)")
-            preds = generate_answers(model_fn(), tokenizer or self.tok_new, rows, self.cfg.max_new_tokens)
+            preds = generate_answers(for_scoring(model_fn(), self.cfg), tokenizer or self.tok_new, rows,
+                                     self.cfg.max_new_tokens)
             correct = exact_match(preds, rows)
             (tmp / "scores.json").write_text(json.dumps({"correct": correct, "pred": preds}))
 

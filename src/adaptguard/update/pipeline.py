@@ -153,8 +153,19 @@ def load_rows(cfg: UpdateConfig) -> dict[str, list[dict]]:
     return rows
 
 
+def for_scoring(model, cfg: UpdateConfig):
+    """`model` on the GPU for generation when there is one and `use_cpu` is off (a quantized model is placed by its
+    loader already)."""
+    import torch
+
+    quantized = getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None
+    if cfg.use_cpu or quantized or not torch.cuda.is_available():
+        return model
+    return model.to(f"cuda:{torch.cuda.current_device()}")
+
+
 def _evaluate(model, tokenizer, test_rows, cfg) -> tuple[list[bool], list[str]]:
-    preds = generate_answers(model, tokenizer, test_rows, cfg.max_new_tokens)
+    preds = generate_answers(for_scoring(model, cfg), tokenizer, test_rows, cfg.max_new_tokens)
     return exact_match(preds, test_rows), preds
 
 
