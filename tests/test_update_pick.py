@@ -156,6 +156,7 @@ def test_the_rule_compares_at_matched_accuracy():
      r"candidates\[0\] \(control\): unknown keys \['distill_weight'\]"),
     (dict(candidates=[{"recipe": "control", "learning_rate": 1e-3, "epochs": 1.5}]), r"epochs: whole numbers"),
     (dict(dev=None), r"candidates: choosing among them needs a dev split"),
+    (dict(lm_eval_tasks=["compat_piqa"]), r"lm_eval_tasks: the lm-eval flips are reported without a dev split"),
     (dict(new_base={"quantization": {"library": "gptq", "bits": 4}}),
      r"new_base.quantization.library: unknown 'gptq'; known: bitsandbytes, torchao, quanto"),
     (dict(new_base={"quantization": {"load_in_4bit": True}}), r"new_base.quantization: a dict with 'library'"),

@@ -87,6 +87,9 @@ class UpdateConfig:
         if self.candidates and self.dev is None:
             raise ValueError("candidates: choosing among them needs a dev split (set dev); the test split is only "
                              "scored after the pick")
+        if self.dev is not None and self.lm_eval_tasks:
+            raise ValueError("lm_eval_tasks: the lm-eval flips are reported without a dev split (the MUSCLE and control "
+                             "arms); with dev, score the chosen adapter with adaptguard lm-eval / compare")
         if self.dev is not None:
             from .candidates import expand_candidates
 
