@@ -127,7 +127,9 @@ class Pick:
         return {"recipe": setting.recipe, "learning_rate": setting.learning_rate, "fields": dict(setting.fields),
                 "epochs": max(s.epochs for s in self.settings), "seed": seed, "train": _digest(self.rows["train"]),
                 "v2_adapter": _adapter_identity(self.v2_adapter), "new_base": cfg.new_base, "old_base": cfg.old_base,
-                **{k: getattr(cfg, k) for k in ("lora_r", "lora_alpha", "batch_size", "max_length", "extra_args")}}
+                "v1_adapter": _adapter_identity(self.v1_adapter),  # the teacher of every distilling recipe
+                **{k: getattr(cfg, k) for k in ("lora_r", "lora_alpha", "batch_size", "max_length", "temperature",
+                                                "extra_args")}}
 
     def train_run(self, setting: Setting, seed: int) -> Path:
         """One training run of `setting`'s recipe, learning rate and fields: adapters after each grid epoch."""
