@@ -84,11 +84,9 @@ class Pick:
     def v1(self):
         """v1's task model, merged (the teacher of every distilling recipe)."""
         if self._v1 is None:
-            from peft import PeftModel
-            from transformers import AutoModelForCausalLM
+            from .pipeline import v1_task_model
 
-            base = AutoModelForCausalLM.from_pretrained(self.cfg.old_base)
-            self._v1 = PeftModel.from_pretrained(base, self.v1_adapter).merge_and_unload()
+            self._v1 = v1_task_model(self.cfg, self.v1_adapter)
         return self._v1
 
     def v2(self):

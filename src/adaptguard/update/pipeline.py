@@ -90,6 +90,14 @@ def load_new_base(cfg: UpdateConfig):
     return load_causal_lm(cfg.new_base_path, cfg.new_quantization, use_cpu=cfg.use_cpu)
 
 
+def v1_task_model(cfg: UpdateConfig, v1_adapter: Path):
+    """v1's task model: the old base with its task adapter merged (the teacher of every distilling arm)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.old_base), v1_adapter).merge_and_unload()
+
+
 def _v2_task_model(cfg: UpdateConfig, v2_adapter: Path | None):
     """v2 as the update ships it: the new base with its task adapter, or the new base alone."""
     from peft import PeftModel
@@ -174,8 +182,7 @@ def run_update(cfg: UpdateConfig) -> dict:
     import datasets
     import transformers
     from datasets import Dataset
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+    from transformers import AutoTokenizer, PrinterCallback
 
     from ..compat.metrics import delta_metrics, flip_indicators, flip_metrics, paired_rate_difference
     from ..compat.report import plot_quadrants
@@ -200,7 +207,7 @@ def run_update(cfg: UpdateConfig) -> dict:
     t = time.perf_counter()
     v1_adapter, v2_adapter = task_adapters(cfg, train_rows, out, tok_old, tok_new)
     timings["task_adapters_s"] = time.perf_counter() - t
-    v1 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.old_base), v1_adapter).merge_and_unload()
+    v1 = v1_task_model(cfg, v1_adapter)
     v2 = _v2_task_model(cfg, v2_adapter)
     old_ok, old_pred = _evaluate(v1, tok_old, test_rows, cfg)
     new_ok, new_pred = _evaluate(v2, tok_new, test_rows, cfg)
