@@ -138,11 +138,31 @@ def test_the_rule_compares_at_matched_accuracy():
 
     rows = [{"recipe": "control", "acc": 0.80, "nfr": 0.10}, {"recipe": "control", "acc": 0.70, "nfr": 0.02},
             {"recipe": "focal", "acc": 0.795, "nfr": 0.06}, {"recipe": "kd", "acc": 0.60, "nfr": 0.00}]
-    assert pick_setting(rows, 0.01) == {"chosen": 2, "best_control": 0, "accuracy_floor": pytest.approx(0.79)}
+    assert pick_setting(rows, 0.01) == {"chosen": 2, "best_control": 0, "accuracy_floor": pytest.approx(0.79),
+                                        "matched": True}
     assert pick_setting(rows, 0.0)["chosen"] == 0  # focal is 0.5 points below the control: not eligible
     assert pick_setting(rows, 0.25)["chosen"] == 3
     tie = [{"recipe": "focal", "acc": 0.8, "nfr": 0.1}, {"recipe": "control", "acc": 0.8, "nfr": 0.1}]
     assert pick_setting(tie, 0.01)["chosen"] == 1  # a tie goes to the control
+
+
+def test_the_rule_per_recipe_tunes_each_arm_alike():
+    """E3's use: each arm's own setting by the same floor; the control's arm is chosen by the rule too."""
+    from adaptguard.update.candidates import pick_setting
+
+    rows = [{"recipe": "control", "acc": 0.80, "nfr": 0.10}, {"recipe": "control", "acc": 0.795, "nfr": 0.05},
+            {"recipe": "kd", "acc": 0.60, "nfr": 0.00}, {"recipe": "kd", "acc": 0.70, "nfr": 0.01},
+            {"recipe": "focal", "acc": 0.79, "nfr": 0.04}, {"recipe": "focal", "acc": 0.79, "nfr": 0.04},
+            {"recipe": "focal", "acc": 0.95, "nfr": 0.04}]
+    assert pick_setting(rows, 0.01, "control") == {"chosen": 1, "best_control": 0,
+                                                   "accuracy_floor": pytest.approx(0.79), "matched": True}
+    # no kd setting reaches the floor: its most accurate one, flagged
+    assert (pick_setting(rows, 0.01, "kd")["chosen"], pick_setting(rows, 0.01, "kd")["matched"]) == (3, False)
+    assert pick_setting(rows, 0.01, "focal")["chosen"] == 6  # equal NFR: the higher accuracy
+    rows[6]["acc"] = 0.79
+    assert pick_setting(rows, 0.01, "focal")["chosen"] == 4  # a full tie: the earlier row (smaller lr, fewer epochs)
+    with pytest.raises(ValueError, match="no row of recipe 'muscle'"):
+        pick_setting(rows, 0.01, "muscle")
 
 
 @pytest.mark.parametrize("change, error", [

@@ -120,6 +120,39 @@ def load_tasks(names: tuple[str, ...] | list[str], sdist: Path | None = None) ->
     return tasks
 
 
+def load_generative_task(name: str, sdist: Path | None = None) -> list[dict]:
+    """[{"input", "target", "subtask"}] of a BIG-bench task with generated answers: the examples of its `task.json`
+    and of every subtask folder's (in path order) that have one target string, the input in BIG-bench's zero-shot
+    format (as `zero_shot_prompt`, without choices). Cached as `$ADAPTGUARD_CACHE/bigbench/<task>.generative.json`."""
+    from ..models.embedded import cache_root
+
+    cache = cache_root() / "bigbench" / f"{name}.generative.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    sdist = sdist or _download_sdist(cache_root() / "downloads")
+    folder = f"bigbench/benchmark_tasks/{name}/"
+    rows = []
+    with tarfile.open(sdist) as archive:
+        members = sorted((m for m in archive if m.name.split("/", 1)[-1].startswith(folder)
+                          and m.name.endswith("/task.json")), key=lambda m: m.name)
+        for member in members:
+            raw = json.loads(archive.extractfile(member).read())
+            subtask = member.name.split("/", 1)[-1][len(folder):].removesuffix("task.json").strip("/")
+            for ex in raw.get("examples", []):
+                target = ex.get("target")
+                target = target[0] if isinstance(target, list) and len(target) == 1 else target
+                if isinstance(target, str) and target.strip():
+                    rows.append({"input": zero_shot_prompt({**raw, "append_choices_to_input": False}, ex["input"], []),
+                                 "target": target.strip(), "subtask": subtask or name})
+    if not rows:
+        raise ValueError(f"BIG-bench task {name!r} has no examples with one target string (or no such task)")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f".{cache.name}.tmp")
+    tmp.write_text(json.dumps(rows))
+    os.replace(tmp, cache)
+    return rows
+
+
 def write_lm_eval_tasks(tasks: dict[str, list[dict]], out_dir: Path, limit: int | None = None, prefix: str = "bb_",
                         source: str = "BIG-bench {name} (Apache-2.0), from the PyPI sdist bigbench==1.0.0") -> list[str]:
     """Write multiple-choice lm-eval tasks `<prefix><task>` (JSONL of {"input", "choices", "label"} + YAML) into

@@ -204,7 +204,9 @@ class E1:
             start = time.perf_counter()
             self.say(f"E1: {what} ...")
             make(tmp)
-            self.say(f"E1: {what}: {time.perf_counter() - start:.0f} s")
+            seconds = time.perf_counter() - start
+            (tmp / "seconds.json").write_text(json.dumps(seconds))  # the cost, for budgets planned from it
+            self.say(f"E1: {what}: {seconds:.0f} s")
         return run
 
     # -- models ------------------------------------------------------------------------------------------------

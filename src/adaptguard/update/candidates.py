@@ -93,18 +93,27 @@ def expand_candidates(candidates: list, where: str = "candidates") -> list[Setti
     return settings
 
 
-def pick_setting(rows: list[dict], max_accuracy_drop: float) -> dict:
+def pick_setting(rows: list[dict], max_accuracy_drop: float, recipe: str | None = None) -> dict:
     """The registered rule, on each setting's dev scores (`rows`: `recipe`, `acc`, `nfr` each): the best control
     setting is the control's highest dev accuracy (ties: lower NFR, then the earlier row); the pick is the lowest dev
     NFR among all settings whose dev accuracy is at least the best control's minus `max_accuracy_drop` (ties: higher
     accuracy, then the control, then the earlier row), so a recipe cannot win by giving up v2's gains.
 
-    Returns `{"chosen": i, "best_control": j, "accuracy_floor": float}` (row indices)."""
+    With `recipe`, the pick is among that recipe's rows only (each arm of a study tuned by the same rule); when none
+    of them reaches the floor it is the recipe's highest-accuracy row and `matched` is False.
+
+    Returns `{"chosen": i, "best_control": j, "accuracy_floor": float, "matched": bool}` (row indices)."""
     controls = [i for i, r in enumerate(rows) if r["recipe"] == "control"]
     if not controls:
         raise ValueError("pick_setting: no control row")
     best_control = min(controls, key=lambda i: (-rows[i]["acc"], rows[i]["nfr"], i))
     floor = rows[best_control]["acc"] - max_accuracy_drop
-    eligible = [i for i, r in enumerate(rows) if r["acc"] >= floor - 1e-12]
-    chosen = min(eligible, key=lambda i: (rows[i]["nfr"], -rows[i]["acc"], rows[i]["recipe"] != "control", i))
-    return {"chosen": chosen, "best_control": best_control, "accuracy_floor": floor}
+    among = [i for i, r in enumerate(rows) if recipe is None or r["recipe"] == recipe]
+    if not among:
+        raise ValueError(f"pick_setting: no row of recipe {recipe!r}")
+    eligible = [i for i in among if rows[i]["acc"] >= floor - 1e-12]
+    if not eligible:
+        chosen = min(among, key=lambda i: (-rows[i]["acc"], rows[i]["nfr"], i))
+    else:
+        chosen = min(eligible, key=lambda i: (rows[i]["nfr"], -rows[i]["acc"], rows[i]["recipe"] != "control", i))
+    return {"chosen": chosen, "best_control": best_control, "accuracy_floor": floor, "matched": bool(eligible)}
