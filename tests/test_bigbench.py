@@ -46,6 +46,28 @@ def test_load_tasks_reads_multiple_choice_examples_with_bigbench_prompts(tmp_pat
         load_tasks(["nope"], sdist=fake_sdist(tmp_path / "again.tar.gz", {"toy": TOY}))
 
 
+def test_generative_task_reads_subtasks_with_one_target(tmp_path, monkeypatch):
+    from adaptguard.data.bigbench import load_generative_task
+
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path / "cache"))
+    sub_b = {"task_prefix": "Add.", "examples": [{"input": "1 + 1?", "target": "2"},
+                                                 {"input": "two answers", "target": ["a", "b"]},  # dropped
+                                                 {"input": "one in a list", "target": [" 7 "]}]}
+    sub_a = {"examples": [{"input": "Unscramble: hte", "target": "the", "target_scores": {"the": 1}},
+                          {"input": "scores only", "target_scores": {"x": 1, "y": 0}}]}  # dropped: no target
+    sdist = fake_sdist(tmp_path / "bigbench-1.0.0.tar.gz", {"gen": {"examples": []}, "gen/b_sub": sub_b,
+                                                            "gen/a_sub": sub_a, "other": QA})
+    rows = load_generative_task("gen", sdist=sdist)
+    # subtasks in path order, each with its own prefix; the target stripped
+    assert rows == [{"input": "Q: Unscramble: hte\nA:", "target": "the", "subtask": "a_sub"},
+                    {"input": "Add.\nQ: 1 + 1?\nA:", "target": "2", "subtask": "b_sub"},
+                    {"input": "Add.\nQ: one in a list\nA:", "target": "7", "subtask": "b_sub"}]
+    sdist.unlink()
+    assert load_generative_task("gen") == rows  # cached
+    with pytest.raises(ValueError, match="'nope' has no examples with one target string"):
+        load_generative_task("nope", sdist=fake_sdist(tmp_path / "again.tar.gz", {"other": QA}))
+
+
 def test_written_tasks_load_in_lm_eval(tmp_path):
     from lm_eval.tasks import TaskManager, get_task_dict
 
