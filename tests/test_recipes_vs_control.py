@@ -144,6 +144,13 @@ def test_pipeline_tunes_every_arm_alike_and_resumes_after_a_kill(tmp_path, embed
     for name, u in report["updates"].items():
         vs = u["arms"]["kd"]["vs_control"]
         assert f"{vs['delta_nfr']:+.3f} ({vs['delta_nfr_ci'][0]:+.3f} to {vs['delta_nfr_ci'][1]:+.3f})" in md
+    # the exported records (what a session commits) restore the dev choices elsewhere without training anything
+    copy = tmp_path / "restored"
+    assert rc.export_records(out, copy) > 0 and not list(copy.rglob("*.safetensors"))
+    (copy / "e3" / "dev_choices.json").unlink()  # recomputed from the restored per-item scores
+    n = len(trained)
+    restored = rc.E3(rc.dataclasses.replace(cfg, out=str(copy)), say=lambda _: None).run("dev")
+    assert len(trained) == n and json.loads(json.dumps(restored, default=str)) == choices
     # a third run trains and scores nothing: no stored step is written again
     steps = {p: p.stat().st_mtime_ns for p in out.rglob("done.json")}
     n = len(trained)

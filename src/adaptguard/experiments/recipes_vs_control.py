@@ -480,13 +480,38 @@ def main(argv: list[str] | None = None) -> dict:
     class Cli:
         stage: str = field(default="test", metadata={"help": "dev: the dev choices only; test: the whole run."})
         quick: bool = field(default=False, metadata={"help": "Small splits, 2 seeds, no gates: the mechanics."})
+        export: str = field(default="", metadata={
+            "help": "After the stage, copy the small records (per-item scores, dev choices, budget, timings) here, "
+                    "to commit; copying them back into --out resumes without rescoring."})
 
     hide_unused_library_noise()
     cli, cfg = HfArgumentParser((Cli, E3Config)).parse_args_into_dataclasses(argv)
     if cli.quick:
         cfg = dataclasses.replace(quick_config(cfg.out if cfg.out != "e3-out" else "e3-quick"), model=cfg.model,
                                   task=cfg.task, updates=cfg.updates, generative_tasks=cfg.generative_tasks)
-    return E3(cfg).run(cli.stage)
+    result = E3(cfg).run(cli.stage)
+    if cli.export:
+        export_records(Path(cfg.out), Path(cli.export))
+    return result
+
+
+def export_records(out: Path, to: Path) -> int:
+    """Copy every small record of `out` — each score step (`scores.json`, `predictions.json`, `done.json`), the E3
+    choices and budget, every step's `seconds.json` — to `to`, keeping relative paths. Returns the file count."""
+    import shutil
+
+    names = {"scores.json", "predictions.json", "seconds.json", "dev_choices.json", "budget.json", "report.json",
+             "report.md"}
+    n = 0
+    for path in sorted(out.rglob("*")):
+        rel = path.relative_to(out)
+        in_score = "scores" in rel.parts and path.name == "done.json"
+        if path.is_file() and (path.name in names or in_score) and ".partial" not in str(rel):
+            target = to / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+            n += 1
+    return n
 
 
 if __name__ == "__main__":
