@@ -141,7 +141,7 @@ def test_pipeline_tunes_every_arm_alike_and_resumes_after_a_kill(tmp_path, embed
         assert len(u["test_grid_seed0"]) == 20 and set(u["arms"]) == set(rc.ARMS)
     assert (out / "e3" / "report.md").exists() and (out / "e3" / "tradeoff.png").stat().st_size > 0
     md = (out / "e3" / "report.md").read_text()
-    for name, u in report["updates"].items():
+    for u in report["updates"].values():
         vs = u["arms"]["kd"]["vs_control"]
         assert f"{vs['delta_nfr']:+.3f} ({vs['delta_nfr_ci'][0]:+.3f} to {vs['delta_nfr_ci'][1]:+.3f})" in md
     # the exported records (what a session commits) restore the dev choices elsewhere without training anything

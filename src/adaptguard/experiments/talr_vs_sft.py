@@ -80,6 +80,11 @@ def load_splits(cfg: E2Config) -> dict:
     dev_end = cfg.n_domain_dev
     splits = {"train": domain[dev_end + cfg.n_domain_test:need], "dev": {"domain": domain[:dev_end]},
               "test": {"domain": domain[dev_end:dev_end + cfg.n_domain_test]}}
+    return add_general_splits(cfg, splits)
+
+
+def add_general_splits(cfg: E2Config, splits: dict) -> dict:
+    """`splits` with each general task's dev and test rows added (the task's seeded order: dev, then test)."""
     for spec in cfg.general_tasks:
         name = Path(spec).stem if spec.endswith(".jsonl") else spec.removeprefix("bigbench:")
         if name == "domain" or name in splits["dev"]:
@@ -142,11 +147,14 @@ class E2:
         self.store = Store(self.root)
         self.base_path = resolve_model(cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.base_path)
-        self.splits = load_splits(cfg)
+        self.splits = self.load_splits()
         self.general = [t for t in self.splits["dev"] if t != "domain"]
         self.common = {"model": cfg.model, "domain": cfg.domain, "general_tasks": cfg.general_tasks,
                        "split_seed": cfg.split_seed, "sizes": [cfg.n_domain_dev, cfg.n_domain_test,
                                                                cfg.n_general_dev, cfg.n_general_test]}
+
+    def load_splits(self) -> dict:
+        return load_splits(self.cfg)
 
     def _scores(self, name: str, settings: dict, split: str, model_fn) -> dict[str, list[bool]]:
         def make(tmp: Path):
@@ -298,14 +306,14 @@ def tradeoff_verdict(h1: str, domain_ci: tuple[float, float], margin: float) -> 
     return "inconclusive"
 
 
-def plot(report: dict, path: Path) -> None:
+def plot(report: dict, path: Path, title: str | None = None) -> None:
     """Domain vs general accuracy of every arm x lr (95 % bootstrap CIs as bars) and the base model."""
     from .common import tradeoff_plot
 
     runs = [{"method": r["arm"], "learning_rate": r["lr"], "domain": r["domain_acc"], "general": r["general_acc"],
              "domain_bar": r["domain_ci"], "general_bar": r["general_ci"]} for r in report["arms"]]
     base = {"domain": report["base"]["domain_acc"], "general": report["base"]["general_acc"]}
-    tradeoff_plot(base, runs, path, title=f"E2: TALR vs SFT vs DFT, full fine-tuning of {report['config']['model']}",
+    tradeoff_plot(base, runs, path, title=title or f"E2: TALR vs SFT vs DFT, full fine-tuning of {report['config']['model']}",
                   xlabel="domain accuracy (held-out test items)", ylabel="general accuracy (held-out BIG-bench items)",
                   bar_note="bars: 95 % bootstrap CI (items, seeds together)")
 
@@ -319,8 +327,13 @@ def markdown(report: dict) -> str:
              f"{', '.join(cfg['general_tasks'])} (general, flips against the base model).", ""]
     if "verdict" in report:
         return "\n".join([*lines, report["verdict"], "", machine_line(report["machine"])]) + "\n"
+    return "\n".join(lines + markdown_tables(report)) + "\n"
+
+
+def markdown_tables(report: dict) -> list[str]:
+    """The report's tables (every arm x lr with CIs; the paired comparisons with verdicts), the figure, the machine."""
     base = report["base"]
-    lines += [f"Base model: domain {base['domain_acc']:.3f}, general {base['general_acc']:.3f}.", "",
+    lines = [f"Base model: domain {base['domain_acc']:.3f}, general {base['general_acc']:.3f}.", "",
               "| lr | arm | domain acc (95 % CI) | general acc (95 % CI) | general NFR (95 % CI) | general PFR |",
               "|---|---|---|---|---|---|"]
     ci = "{:.3f} ({:.3f}–{:.3f})".format
@@ -339,8 +352,7 @@ def markdown(report: dict) -> str:
                      f"{diff(c['domain_acc']['diff'], *c['domain_acc']['ci'])} | "
                      f"{diff(c['general_acc']['diff'], *c['general_acc']['ci'])} | {c['h1_less_forgetting']} | "
                      f"{c['h2_better_tradeoff']} |")
-    lines += ["", "![trade-off](tradeoff.png)", "", machine_line(report["machine"])]
-    return "\n".join(lines) + "\n"
+    return lines + ["", "![trade-off](tradeoff.png)", "", machine_line(report["machine"])]
 
 
 def main(argv: list[str] | None = None) -> dict:
