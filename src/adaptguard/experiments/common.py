@@ -1,5 +1,6 @@
 """What the pre-registered studies share: their rows and splits, per-item scoring by lm-eval, the registered
-verdict rule, and the domain-vs-general trade-off figure. Each study imports this module, never another study."""
+verdict rule, and the domain-vs-general trade-off figure. Each study imports this module; a study that extends
+another (E3 reuses E1's updates, E4 E2's design) imports that one, never others."""
 
 from __future__ import annotations
 
