@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -317,8 +318,6 @@ class E3:
         epochs = [ep for ep in self.cfg.epochs if ep <= run_epochs]
         trainer.add_callback(SaveAtEpochs(epochs, tmp, getattr(trainer, "_student_adapter", None)))
         trainer.train()
-        import shutil
-
         shutil.rmtree(tmp / "run", ignore_errors=True)
 
     def arm_scores(self, e: E1, kind: str, setting, arm: str, lr: float, epochs: int, seed: int, split: str
@@ -498,8 +497,6 @@ def main(argv: list[str] | None = None) -> dict:
 def export_records(out: Path, to: Path) -> int:
     """Copy every small record of `out` — each score step (`scores.json`, `predictions.json`, `done.json`), the E3
     choices and budget, every step's `seconds.json` — to `to`, keeping relative paths. Returns the file count."""
-    import shutil
-
     names = {"scores.json", "predictions.json", "seconds.json", "dev_choices.json", "budget.json", "report.json",
              "report.md"}
     n = 0
