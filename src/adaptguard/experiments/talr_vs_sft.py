@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..utils.files import atomic_write_text
+from ..utils.quiet import hide_unused_library_noise
 from ..utils.store import Store
 from ..utils.sweeps import machine_line, write_report
 from .common import score_tasks, seeded_order, task_rows, training_rows, verdict
@@ -355,21 +356,25 @@ def markdown_tables(report: dict) -> list[str]:
     return lines + ["", "![trade-off](tradeoff.png)", "", machine_line(report["machine"])]
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, config_class=E2Config, quick=quick_config, study=None) -> dict:
+    """The study's command line (E2's; E4 passes its own config, quick config and study class)."""
     from transformers import HfArgumentParser
 
     @dataclass
     class Cli:
-        stage: str = field(default="test", metadata={"help": "dev: the registered lr choice; test: the whole run."})
+        stage: str = field(default="test", metadata={"help": "dev: the registered choice; test: the whole run."})
         quick: bool = field(default=False, metadata={"help": "Tiny splits, one lr, one seed: the mechanics."})
 
-    cli, cfg = HfArgumentParser((Cli, E2Config)).parse_args_into_dataclasses(argv)
+    hide_unused_library_noise()
+    cli, cfg = HfArgumentParser((Cli, config_class)).parse_args_into_dataclasses(argv)
+    default_out = config_class().out
     if cli.quick:
-        cfg = dataclasses.replace(quick_config(cfg.out if cfg.out != "e2-out" else "e2-quick"), model=cfg.model)
+        cfg = dataclasses.replace(quick(cfg.out if cfg.out != default_out else default_out.replace("-out", "-quick")),
+                                  model=cfg.model)
     if cli.stage not in ("dev", "test"):
         raise ValueError(f"--stage must be dev or test, got {cli.stage!r}")
-    e2 = E2(cfg)
-    return e2.dev_stage() if cli.stage == "dev" else e2.run_test()
+    runner = (study or E2)(cfg)
+    return runner.dev_stage() if cli.stage == "dev" else runner.run_test()
 
 
 if __name__ == "__main__":

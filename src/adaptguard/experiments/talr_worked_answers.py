@@ -27,10 +27,10 @@ import numpy as np
 from transformers import TrainerCallback
 
 from ..utils.files import atomic_write_text
-from ..utils.quiet import hide_unused_library_noise
 from ..utils.sweeps import write_report
 from .common import score_tasks, seeded_order, task_rows, training_rows
 from .talr_vs_sft import ARMS, E2, E2Config, add_general_splits, flips_vs_base, markdown_tables, plot, summarise
+from .talr_vs_sft import main as e2_main
 
 CALCULATOR_SETS = ("centor,bmi,mean_arterial_pressure", "centor,curb_65,cha2ds2_vasc")
 
@@ -383,21 +383,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from transformers import HfArgumentParser
-
-    @dataclass
-    class Cli:
-        stage: str = field(default="test", metadata={"help": "dev: the registered choice; test: the whole run."})
-        quick: bool = field(default=False, metadata={"help": "Tiny splits, one lr, one seed: the mechanics."})
-
-    hide_unused_library_noise()
-    cli, cfg = HfArgumentParser((Cli, E4Config)).parse_args_into_dataclasses(argv)
-    if cli.quick:
-        cfg = dataclasses.replace(quick_config(cfg.out if cfg.out != "e4-out" else "e4-quick"), model=cfg.model)
-    if cli.stage not in ("dev", "test"):
-        raise ValueError(f"--stage must be dev or test, got {cli.stage!r}")
-    e4 = E4(cfg)
-    return e4.dev_stage() if cli.stage == "dev" else e4.run_test()
+    return e2_main(argv, config_class=E4Config, quick=quick_config, study=E4)
 
 
 if __name__ == "__main__":
