@@ -192,11 +192,21 @@ class E2:
         return self._scores(name, settings, split, lambda: AutoModelForCausalLM.from_pretrained(model_dir).eval())
 
     # -- stages ------------------------------------------------------------------------------------------------
+    def qualification(self, base: dict, sft: dict) -> dict:
+        """The registered dev test of one SFT model: it learns the domain (dev gain over the base, item-paired 95 %
+        CI above 0) and forgets (general dev NFR against the base ≥ min_nfr)."""
+        from ..compat.metrics import paired_seeds_difference
+
+        gain = paired_seeds_difference([sft["domain"]], [base["domain"]], n_boot=4000)
+        negative, positive = flips_vs_base(base, sft, self.general)
+        return {"domain_acc": float(np.mean(sft["domain"])), "domain_gain": gain["diff"], "domain_gain_ci": gain["ci"],
+                "general_nfr": float(negative.mean()), "general_pfr": float(positive.mean()),
+                "qualifies": bool(gain["ci"][0] > 0 and negative.mean() >= self.cfg.min_nfr)}
+
     def dev_stage(self) -> dict:
         """The registered choice, dev only: for the first training size where any learning rate qualifies, the
         qualifying rates (SFT, seed 0: domain dev accuracy above the base's, paired 95 % CI above 0, and general
         dev NFR vs the base ≥ min_nfr), smallest first, at most max_lrs. Writes `dev_choices.json`."""
-        from ..compat.metrics import paired_seeds_difference
 
         base = self.base_scores("dev")
         seed = self.cfg.seeds[0]
@@ -205,12 +215,7 @@ class E2:
             seen = {}
             for lr in self.cfg.learning_rates:
                 sft = self.run_scores("SFT", lr, seed, n_train, "dev")
-                gain = paired_seeds_difference([sft["domain"]], [base["domain"]], n_boot=4000)
-                negative, positive = flips_vs_base(base, sft, self.general)
-                seen[f"{lr:g}"] = {"domain_acc": float(np.mean(sft["domain"])), "domain_gain": gain["diff"],
-                                   "domain_gain_ci": gain["ci"], "general_nfr": float(negative.mean()),
-                                   "general_pfr": float(positive.mean()),
-                                   "qualifies": bool(gain["ci"][0] > 0 and negative.mean() >= self.cfg.min_nfr)}
+                seen[f"{lr:g}"] = self.qualification(base, sft)
                 self.say(f"E2: dev SFT lr {lr:g} n {n_train}: {seen[f'{lr:g}']}")
             choices["sizes"][str(n_train)] = seen
             chosen = [lr for lr in self.cfg.learning_rates if seen[f"{lr:g}"]["qualifies"]][:self.cfg.max_lrs]

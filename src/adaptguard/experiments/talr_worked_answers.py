@@ -29,7 +29,7 @@ from transformers import TrainerCallback
 from ..utils.files import atomic_write_text
 from ..utils.sweeps import write_report
 from .common import score_tasks, seeded_order, task_rows, training_rows
-from .talr_vs_sft import ARMS, E2, E2Config, add_general_splits, flips_vs_base, markdown_tables, plot, summarise
+from .talr_vs_sft import ARMS, E2, E2Config, add_general_splits, markdown_tables, plot, summarise
 from .talr_vs_sft import main as e2_main
 
 CALCULATOR_SETS = ("centor,bmi,mean_arterial_pressure", "centor,curb_65,cha2ds2_vasc")
@@ -218,7 +218,6 @@ class E4(E2):
         """The registered choice (dev only): the first calculator set, then learning rate (smallest first), where SFT
         (seed 0) learns the domain (paired CI of the dev gain over the base above 0) and forgets (general dev NFR ≥
         min_nfr). Writes `dev_choices.json`."""
-        from ..compat.metrics import paired_seeds_difference
 
         seed = self.cfg.seeds[0]
         choices = {"seed": seed, "sets": {}, "set": None, "learning_rates": []}
@@ -227,12 +226,7 @@ class E4(E2):
             seen = {}
             for lr in self.cfg.learning_rates:
                 sft = self.run_scores("SFT", lr, seed, index, "dev")
-                gain = paired_seeds_difference([sft["domain"]], [base["domain"]], n_boot=4000)
-                negative, positive = flips_vs_base(base, sft, self.general)
-                seen[f"{lr:g}"] = {"domain_acc": float(np.mean(sft["domain"])), "domain_gain": gain["diff"],
-                                   "domain_gain_ci": gain["ci"], "general_nfr": float(negative.mean()),
-                                   "general_pfr": float(positive.mean()),
-                                   "qualifies": bool(gain["ci"][0] > 0 and negative.mean() >= self.cfg.min_nfr)}
+                seen[f"{lr:g}"] = self.qualification(base, sft)
                 self.say(f"E4: dev SFT {spec} lr {lr:g}: {seen[f'{lr:g}']}")
                 if seen[f"{lr:g}"]["qualifies"]:
                     break  # registered: the first qualifying (set, lr); the budget affords one
