@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from test_real_update import toy_task
 
+from adaptguard.utils.store import export_records
+
 
 def generative_toy(tmp_path):
     """Capital questions answered by the city's name (generated, exact match)."""
@@ -146,7 +148,7 @@ def test_pipeline_tunes_every_arm_alike_and_resumes_after_a_kill(tmp_path, embed
         assert f"{vs['delta_nfr']:+.3f} ({vs['delta_nfr_ci'][0]:+.3f} to {vs['delta_nfr_ci'][1]:+.3f})" in md
     # the exported records (what a session commits) restore the dev choices elsewhere without training anything
     copy = tmp_path / "restored"
-    assert rc.export_records(out, copy) > 0 and not list(copy.rglob("*.safetensors"))
+    assert export_records(out, copy) > 0 and not list(copy.rglob("*.safetensors"))
     (copy / "e3" / "dev_choices.json").unlink()  # recomputed from the restored per-item scores
     n = len(trained)
     restored = rc.E3(rc.dataclasses.replace(cfg, out=str(copy)), say=lambda _: None).run("dev")

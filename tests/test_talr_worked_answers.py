@@ -84,6 +84,20 @@ def test_pipeline_checkpoints_dev_rule_and_report(tmp_path, embedded_path):
             gain = paired_seeds_difference([dev[epochs["chosen"]]], [base[index]["correct"]], n_boot=4000)
             assert row["domain_acc"] == pytest.approx(np.mean(dev[epochs["chosen"]]))
             assert row["qualifies"] == bool(gain["ci"][0] > 0 and row["general_nfr"] >= cfg.min_nfr)
+    # generated grouped by calculator, stored in row order: each row's answer is its own prompt's
+    from transformers import AutoModelForCausalLM
+
+    from adaptguard.utils.generation import generate_answers
+
+    runner = e4m.E4(cfg, say=lambda _: None)
+    rows = runner.domain(0)["dev"]
+    grouped = [i for calc in sorted({r["calculator"] for r in rows}) for i, r in enumerate(rows)
+               if r["calculator"] == calc]
+    assert grouped != list(range(len(rows)))  # the rows are interleaved: the order is really restored
+    preds, finished = generate_answers(AutoModelForCausalLM.from_pretrained(embedded_path), runner.tokenizer,
+                                       [rows[i] for i in grouped], runner.max_new_tokens(0),
+                                       cfg.generation_batch_size, stop_strings=["Patient note:"], with_finished=True)
+    assert [base[0]["pred"][i] for i in grouped] == preds and [base[0]["finished"][i] for i in grouped] == finished
     # the walk stops at the first qualifying (set, lr); with none, both sets and every lr were tried
     tried = [(s, lr) for s, seen in choices["sets"].items() for lr in seen["lrs"]]
     if choices["set"] is None:
@@ -98,6 +112,9 @@ def test_pipeline_checkpoints_dev_rule_and_report(tmp_path, embedded_path):
         stored = [json.loads((out / "scores" / "test" / "domain" / f"SFT_lr{lr:g}_seed{s}_set{index}" / "scores.json")
                              .read_text())["correct"] for s in cfg.seeds]
         assert sft["domain_acc"] == pytest.approx(np.mean(stored))
+        ended = [json.loads((out / "scores" / "test" / "domain" / f"SFT_lr{lr:g}_seed{s}_set{index}" / "scores.json")
+                            .read_text())["finished"] for s in cfg.seeds]
+        assert report["domain_finished"][f"SFT {lr:g}"] == pytest.approx(np.mean(ended))
         assert {c["arm"] for c in report["comparisons"]} == {"TALR", "DFT"}
         assert (out / "tradeoff.png").stat().st_size > 0
     assert set(report["regime"]) == {"E4", "E2"} and report["regime"]["E2"]["median_tokens_per_row"] >= 1

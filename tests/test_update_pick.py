@@ -237,3 +237,30 @@ def test_generated_answers_of_conversational_rows_and_a_tokenizer_without_pad(em
     assert prompt_key(chat[0]["prompt"]) != prompt_key(chat[1]["prompt"])
     tok.pad_token = None
     assert generate_answers(model, tok, rendered, max_new_tokens=6) == answers and tok.pad_token is None
+
+
+def test_generation_stops_at_a_stop_string_and_says_which_rows_ran_out(embedded_path):
+    """A stop string ends that row's generation (the text before it is the answer, other rows are untouched);
+    `finished` is False exactly for rows that used up `max_new_tokens` without EOS or a stop string."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptguard.utils.generation import generate_answers
+
+    model, tok = AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
+    rows = [{"prompt": p, "completion": ""} for p in ["the capital of france is", "question : opposite of big ? "
+                                                      "answer :", "count : 4 5 6"]]
+    full, ran = generate_answers(model, tok, rows, max_new_tokens=5, with_finished=True)
+    for row, done in zip(rows, ran):  # each row alone, read from the raw tokens
+        ids = tok(row["prompt"], return_tensors="pt")
+        new = model.generate(**ids, max_new_tokens=5, do_sample=False, pad_token_id=tok.eos_token_id)
+        new = new[0, ids["input_ids"].shape[1]:]
+        assert done == (len(new) < 5 or bool((new == tok.eos_token_id).any()))
+    words = full[0].split()
+    assert len(words) >= 3, full
+    stop = words[2]
+    stopped, finished = generate_answers(model, tok, rows, max_new_tokens=5, stop_strings=[stop],
+                                         with_finished=True)
+    assert stopped[0] == full[0][:full[0].index(stop)].strip() and finished[0]
+    for i in (1, 2):
+        assert stopped[i] == (full[i][:full[i].index(stop)].strip() if stop in full[i] else full[i])
+        assert finished[i] == (stop in full[i] or ran[i])

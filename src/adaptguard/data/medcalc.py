@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 ANSWER_PREFIX = "Answer:"
+NOTE_PREFIX = "Patient note:"  # starts every prompt: a generation that writes it has begun a new item
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ def medcalc_items(calculators: list[str] | tuple[str, ...], n_per_calculator: in
             seen.add(note)
             out = _explain(calc, inputs)
             answer = format_answer(out["Answer"], calc.kind)
-            rows.append({"prompt": f"Patient note: {note}\nQuestion: {calc.question}\nExplanation:",
+            rows.append({"prompt": f"{NOTE_PREFIX} {note}\nQuestion: {calc.question}\nExplanation:",
                          "completion": f" {tidy(out['Explanation'])}\n{ANSWER_PREFIX} {answer}", "answer": answer,
                          "kind": calc.kind, "calculator": name, "inputs": json.dumps(inputs)})
         if len(rows) < n_per_calculator:

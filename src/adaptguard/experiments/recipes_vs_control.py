@@ -31,6 +31,7 @@ import numpy as np
 
 from ..utils.files import atomic_write_text
 from ..utils.quiet import hide_unused_library_noise
+from ..utils.store import export_records
 from ..utils.sweeps import machine_line, write_report
 from .common import task_rows, training_rows, verdict
 from .real_update import E1, MIX_TASKS, E1Config, _args, _key, load_base
@@ -492,23 +493,6 @@ def main(argv: list[str] | None = None) -> dict:
     if cli.export:
         export_records(Path(cfg.out), Path(cli.export))
     return result
-
-
-def export_records(out: Path, to: Path) -> int:
-    """Copy every small record of `out` — each score step (`scores.json`, `predictions.json`, `done.json`), the E3
-    choices and budget, every step's `seconds.json` — to `to`, keeping relative paths. Returns the file count."""
-    names = {"scores.json", "predictions.json", "seconds.json", "dev_choices.json", "budget.json", "report.json",
-             "report.md"}
-    n = 0
-    for path in sorted(out.rglob("*")):
-        rel = path.relative_to(out)
-        in_score = "scores" in rel.parts and path.name == "done.json"
-        if path.is_file() and (path.name in names or in_score) and ".partial" not in str(rel):
-            target = to / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-            n += 1
-    return n
 
 
 if __name__ == "__main__":

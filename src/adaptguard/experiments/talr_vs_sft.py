@@ -27,7 +27,7 @@ import numpy as np
 
 from ..utils.files import atomic_write_text
 from ..utils.quiet import hide_unused_library_noise
-from ..utils.store import Store
+from ..utils.store import Store, export_records
 from ..utils.sweeps import machine_line, write_report
 from .common import score_tasks, seeded_order, task_rows, training_rows, verdict
 
@@ -102,6 +102,7 @@ def add_general_splits(cfg: E2Config, splits: dict) -> dict:
 def fine_tune(cfg: E2Config, base_path: str, tokenizer, rows: list[dict], out: Path, arm: str, lr: float,
               seed: int) -> None:
     """Full fine-tuning of the base on prompt → right choice rows with `arm`'s token weighting; saved to `out`."""
+    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PrinterCallback, set_seed
 
@@ -114,7 +115,8 @@ def fine_tune(cfg: E2Config, base_path: str, tokenizer, rows: list[dict], out: P
     args = TALRConfig(output_dir=str(out / "run"), weighting=ARMS[arm], per_device_train_batch_size=cfg.batch_size,
                       num_train_epochs=cfg.epochs, learning_rate=lr, lr_scheduler_type="constant",
                       max_length=cfg.max_length, seed=seed, report_to="none", save_strategy="no", logging_steps=10,
-                      disable_tqdm=True, **no_activation_checkpointing())
+                      disable_tqdm=True, **no_activation_checkpointing(),
+                      use_cpu=not torch.cuda.is_available())  # also turns off pinning, which a CPU run cannot use
     trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(base_path), args=args,
                           train_dataset=Dataset.from_list(training_rows(rows)), processing_class=tokenizer,
                           callbacks=[TrainingProgress(f"{arm} lr {lr:g} seed {seed}")])
@@ -369,6 +371,9 @@ def main(argv: list[str] | None = None, config_class=E2Config, quick=quick_confi
     class Cli:
         stage: str = field(default="test", metadata={"help": "dev: the registered choice; test: the whole run."})
         quick: bool = field(default=False, metadata={"help": "Tiny splits, one lr, one seed: the mechanics."})
+        export: str = field(default="", metadata={
+            "help": "After the stage, copy the small records (per-item scores, choices, timings) here, to commit; "
+                    "copying them back into --out resumes without rescoring."})
 
     hide_unused_library_noise()
     cli, cfg = HfArgumentParser((Cli, config_class)).parse_args_into_dataclasses(argv)
@@ -379,7 +384,10 @@ def main(argv: list[str] | None = None, config_class=E2Config, quick=quick_confi
     if cli.stage not in ("dev", "test"):
         raise ValueError(f"--stage must be dev or test, got {cli.stage!r}")
     runner = (study or E2)(cfg)
-    return runner.dev_stage() if cli.stage == "dev" else runner.run_test()
+    result = runner.dev_stage() if cli.stage == "dev" else runner.run_test()
+    if cli.export:
+        export_records(Path(cfg.out), Path(cli.export))
+    return result
 
 
 if __name__ == "__main__":

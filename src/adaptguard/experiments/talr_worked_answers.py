@@ -112,21 +112,32 @@ class E4(E2):
 
     # -- scores --------------------------------------------------------------------------------------------------
     def domain_scores(self, name: str, settings: dict, index: int, split: str, model_fn) -> dict:
-        """{"correct", "pred"} of a model's greedy answers on a domain split, by MedCalc-Bench's rule."""
-        from ..data.medcalc import is_correct
+        """{"correct", "pred", "finished"} of a model's greedy answers on a domain split, by MedCalc-Bench's rule.
+        A generation ends at EOS or where it starts a new item (`Patient note:`); `finished` is False where it ran
+        out of tokens instead. Rows are generated grouped by calculator (similar lengths share a batch)."""
+        from ..data.medcalc import NOTE_PREFIX, is_correct
         from ..utils.generation import generate_answers
 
         rows = self.domain(index)[split]
+        order = sorted(range(len(rows)), key=lambda i: rows[i]["calculator"])
 
         def make(tmp: Path):
             start = time.perf_counter()
-            preds = generate_answers(model_fn(), self.tokenizer, rows, self.max_new_tokens(index),
-                                     self.cfg.generation_batch_size)
+            preds, finished = generate_answers(model_fn(), self.tokenizer, [rows[i] for i in order],
+                                               self.max_new_tokens(index), self.cfg.generation_batch_size,
+                                               stop_strings=[NOTE_PREFIX], with_finished=True)
+            back = np.argsort(order)  # to row order
+            preds, finished = [preds[i] for i in back], [finished[i] for i in back]
             correct = [is_correct(p, r["answer"], r["kind"]) for p, r in zip(preds, rows)]
-            (tmp / "scores.json").write_text(json.dumps({"correct": correct, "pred": preds}))
-            self.say(f"E4: {name} on domain {split}: {np.mean(correct):.3f} ({time.perf_counter() - start:.0f} s)")
+            (tmp / "scores.json").write_text(json.dumps({"correct": correct, "pred": preds, "finished": finished}))
+            self.say(f"E4: {name} on domain {split}: {np.mean(correct):.3f}, {np.mean(finished):.0%} finished "
+                     f"({time.perf_counter() - start:.0f} s)")
 
-        folder = self.store.get(f"scores/{split}/domain/{name}", {**settings, "split": split, "set": index}, make)
+        c = self.cfg
+        key = {**settings, "split": split, "set": index, "calculators": c.calculator_sets[index],
+               "n_train": c.train_per_calculator[index], "max_new_tokens": self.max_new_tokens(index),
+               "generation_batch_size": c.generation_batch_size, "stop": NOTE_PREFIX}
+        folder = self.store.get(f"scores/{split}/domain/{name}", key, make)
         return json.loads((folder / "scores.json").read_text())
 
     def general_scores(self, name: str, settings: dict, split: str, model_fn) -> dict[str, list[bool]]:
@@ -159,6 +170,7 @@ class E4(E2):
         name = f"{arm}_lr{lr:g}_seed{seed}_set{index}"
 
         def train(tmp: Path):
+            import torch
             from datasets import Dataset
             from transformers import AutoModelForCausalLM, PrinterCallback, set_seed
 
@@ -173,7 +185,8 @@ class E4(E2):
             args = TALRConfig(output_dir=str(tmp / "run"), weighting=ARMS[arm], per_device_train_batch_size=c.batch_size,
                               num_train_epochs=c.epochs, learning_rate=lr, lr_scheduler_type="constant",
                               max_length=c.max_length, seed=seed, report_to="none", save_strategy="no",
-                              logging_steps=10, disable_tqdm=True, **no_activation_checkpointing())
+                              logging_steps=10, disable_tqdm=True, **no_activation_checkpointing(),
+                              use_cpu=not torch.cuda.is_available())  # also turns off pinning (no use on a CPU)
             rows = [{"prompt": r["prompt"], "completion": r["completion"]} for r in self.domain(index)["train"]]
             trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(self.base_path), args=args,
                                   train_dataset=Dataset.from_list(rows), processing_class=self.tokenizer,
@@ -211,7 +224,8 @@ class E4(E2):
             domain = self.domain_scores(f"{name}_epoch{chosen}", {**settings, "epoch": chosen}, index, "dev", model)
         else:
             domain = self.domain_scores(name, settings, index, split, model)
-        return {"domain": domain["correct"], **self.general_scores(name, settings, split, model)}
+        return {"domain": domain["correct"], "domain_finished": domain["finished"],
+                **self.general_scores(name, settings, split, model)}
 
     # -- stages --------------------------------------------------------------------------------------------------
     def dev_stage(self) -> dict:
@@ -262,6 +276,10 @@ class E4(E2):
                             runs[arm, lr].append(self.run_scores(arm, lr, seed, index, "test"))
                             bar.update()
             report.update(summarise(base, runs, self.general, self.cfg))
+            # generations that ended (EOS or a new item) rather than ran out of tokens: a model that never stops is
+            # scored on whatever its last `Answer:` was
+            report["domain_finished"] = {f"{arm} {lr:g}": float(np.mean([s["domain_finished"] for s in seeds]))
+                                         for (arm, lr), seeds in runs.items()}
             plot(report, self.root / "tradeoff.png", title=f"E4: TALR vs SFT vs DFT on worked answers "
                                                            f"({choices['calculators']}), {self.cfg.model}")
         regime_plot(report["regime"], self.root / "regime.png")
@@ -288,6 +306,7 @@ class E4(E2):
             (tmp / "regime.json").write_text(json.dumps(out))
 
         folder = self.store.get(f"regime/set{index}", {**self.common, "set": self.cfg.calculator_sets[index],
+                                                       "n_train": self.cfg.train_per_calculator[index],
                                                        "e2_domain": self.cfg.e2_domain,
                                                        "e2_rows": self.cfg.e2_train_rows}, make)
         return json.loads((folder / "regime.json").read_text())
@@ -373,7 +392,9 @@ def markdown(report: dict) -> str:
     lines += ["", "![regime](regime.png)", ""]
     if "verdict" in report:
         return "\n".join([*lines, report["verdict"], ""]) + "\n"
-    return "\n".join(lines + markdown_tables(report)) + "\n"
+    finished = ", ".join(f"{k} {v:.1%}" for k, v in report.get("domain_finished", {}).items())
+    return "\n".join(lines + markdown_tables(report) + ["", f"Domain test generations that ended before the token "
+                                                             f"budget (EOS or a new item): {finished}."]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -29,15 +29,18 @@ def exact_match(predictions: list[str], rows: list[dict]) -> list[bool]:
 
 
 @torch.no_grad()
-def generate_answers(model, tokenizer, rows: list[dict], max_new_tokens: int = 32, batch_size: int = 32
-                     ) -> list[str]:
-    """Greedy completions of each row's prompt (up to EOS), stripped."""
+def generate_answers(model, tokenizer, rows: list[dict], max_new_tokens: int = 32, batch_size: int = 32,
+                     stop_strings: list[str] | None = None, with_finished: bool = False):
+    """Greedy completions of each row's prompt, stripped: up to EOS, or up to (not including) the first of
+    `stop_strings` (e.g. the start of a next item a model may go on to invent). With `with_finished`, returns
+    `(texts, finished)`: finished[i] is False when row i ran out of `max_new_tokens` instead."""
     side, pad, was_training = tokenizer.padding_side, tokenizer.pad_token, model.training
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:  # e.g. Llama's tokenizer: pad with EOS, which attention masks out
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
-    out = []
+    out, finished = [], []
+    stops = {"stop_strings": list(stop_strings), "tokenizer": tokenizer} if stop_strings else {}
     try:
         for i in range(0, len(rows), batch_size):
             chat = [isinstance(r["prompt"], list) for r in rows[i:i + batch_size]]
@@ -47,10 +50,14 @@ def generate_answers(model, tokenizer, rows: list[dict], max_new_tokens: int = 3
             batch = tokenizer(prompts, return_tensors="pt", padding=True,
                               add_special_tokens=not any(chat)).to(model.device)
             gen = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            out += [t.strip() for t in tokenizer.batch_decode(gen[:, batch["input_ids"].shape[1]:],
-                                                               skip_special_tokens=True)]
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **stops)
+            new = gen[:, batch["input_ids"].shape[1]:]
+            for ids, text in zip(new, tokenizer.batch_decode(new, skip_special_tokens=True)):
+                cut = [text.index(s) for s in stop_strings or () if s in text]
+                out.append(text[:min(cut)].strip() if cut else text.strip())
+                # stopped early: EOS among the new tokens (finished rows are padded), a stop string, or room left
+                finished.append(bool(cut) or bool((ids == tokenizer.eos_token_id).any()) or len(ids) < max_new_tokens)
     finally:
         tokenizer.padding_side, tokenizer.pad_token = side, pad
         model.train(was_training)
-    return out
+    return (out, finished) if with_finished else out
