@@ -168,12 +168,14 @@ def continued_base(cfg: E1Config, v1_path: str, tokenizer, mix: list[dict], out:
 
     from ..talr.config import TALRConfig
     from ..talr.trainer import TALRTrainer
+    from ..utils.progress import TrainingProgress
 
     set_seed(0)
     args = _args(cfg, out, 0, lr, weighting="none")
     args.update(num_train_epochs=1, max_steps=int(steps))
     trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(v1_path), args=TALRConfig(**args),
-                          train_dataset=Dataset.from_list(training_rows(mix)), processing_class=tokenizer)
+                          train_dataset=Dataset.from_list(training_rows(mix)), processing_class=tokenizer,
+                          callbacks=[TrainingProgress(f"U2 continued base ({int(steps)} steps, lr {lr:g})")])
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     trainer.model.save_pretrained(out)
