@@ -364,8 +364,8 @@ def regime_plot(regime: dict, path: Path) -> None:
     edges = np.linspace(0, 1, 21)
     for name, r in regime.items():
         counts = np.asarray(r["p_histogram"], float)
-        ax.step(edges[1:], counts / counts.sum(), where="pre", label=f"{name} ({r['n_tokens']} tokens, median "
-                                                                    f"{r['median_tokens_per_row']:g} per row)")
+        ax.stairs(counts / counts.sum(), edges, label=f"{name} ({r['n_tokens']} tokens, median "
+                                                      f"{r['median_tokens_per_row']:g} per row)")
     ax.set_xlabel("base model's probability of the target token")
     ax.set_ylabel("share of target tokens")
     ax.set_yscale("log")
