@@ -55,8 +55,9 @@ def generate_answers(model, tokenizer, rows: list[dict], max_new_tokens: int = 3
             for ids, text in zip(new, tokenizer.batch_decode(new, skip_special_tokens=True)):
                 cut = [text.index(s) for s in stop_strings or () if s in text]
                 out.append(text[:min(cut)].strip() if cut else text.strip())
-                # stopped early: EOS among the new tokens (finished rows are padded), a stop string, or room left
-                finished.append(bool(cut) or bool((ids == tokenizer.eos_token_id).any()) or len(ids) < max_new_tokens)
+                # stopped early: a stop string, room left, or EOS among the new tokens (finished rows are padded)
+                eos = tokenizer.eos_token_id is not None and bool((ids == tokenizer.eos_token_id).any())
+                finished.append(bool(cut) or len(ids) < max_new_tokens or eos)
     finally:
         tokenizer.padding_side, tokenizer.pad_token = side, pad
         model.train(was_training)
