@@ -264,3 +264,23 @@ def test_generation_stops_at_a_stop_string_and_says_which_rows_ran_out(embedded_
     for i in (1, 2):
         assert stopped[i] == (full[i][:full[i].index(stop)].strip() if stop in full[i] else full[i])
         assert finished[i] == (stop in full[i] or ran[i])
+
+
+def test_default_candidates_follow_e3s_registered_rule():
+    """Registered after-the-verdict rule (docs/preregistration.md § E3): the default candidates are the control plus
+    every recipe whose Δ NFR CI against the control lies below 0 on some update of E3's committed report, with E3's
+    settings (muscle and ll_l with ce_weight 1, T 2) on one budget."""
+    from adaptguard.update import UpdateConfig
+    from adaptguard.update.candidates import expand_candidates
+
+    report = json.loads((Path(__file__).parents[1] / "docs/results/e3_records/e3/report.json").read_text())
+    reproduced = {arm for u in report["updates"].values() for arm, r in u["arms"].items()
+                  if r.get("vs_control", {}).get("delta_nfr_ci", [0, 0])[1] < 0}
+    cfg = UpdateConfig(old_base="embedded:tiny", new_base="embedded:tiny-v2", train=[], test=[], dev=[],
+                       compat_learning_rate=3e-4, compat_epochs=2)
+    settings = expand_candidates(cfg.default_candidates())
+    assert {s.recipe for s in settings} == {"control"} | reproduced
+    assert {(s.learning_rate, s.epochs) for s in settings} == {(3e-4, 2)}
+    for s in settings:
+        extra = dict(s.fields)
+        assert extra.get("ce_weight", 1.0) == 1.0 and (s.recipe == "control" or extra["temperature"] == 2.0)

@@ -21,7 +21,7 @@ class UpdateConfig:
     # the dev split: with it, update trains every candidate setting, picks one on dev by `max_accuracy_drop`'s rule
     # and scores the pick and the best control on test (see adaptguard.update.candidates)
     dev: str | list | None = None
-    candidates: list = field(default_factory=list)  # [] with dev: the control and muscle at compat_* settings
+    candidates: list = field(default_factory=list)  # [] with dev: `default_candidates()` at the compat_* settings
     max_accuracy_drop: float = 0.01  # a setting is eligible if its dev accuracy ≥ the best control's − this
     test_seeds: list = field(default_factory=list)  # seeds of the test stage's pick and control ([] = [seed])
     output_dir: str = "update-out"
@@ -36,7 +36,7 @@ class UpdateConfig:
     compat_epochs: float = 3.0
     temperature: float = 2.0
     mask: str = "student_wrong"
-    ce_weight: float = 0.0
+    ce_weight: float = 0.0  # the MUSCLE arm's without dev (eq. 1 alone); candidates set their own (see below)
     batch_size: int = 16
     max_length: int = 512
     max_new_tokens: int = 32
@@ -118,11 +118,15 @@ class UpdateConfig:
                 check_local_path(value, name)
 
     def default_candidates(self) -> list[dict]:
-        """The pick's candidates when none are given: the control and MUSCLE (eq. 1, `ce_weight`) at the compat
-        learning rate and epochs."""
+        """The pick's candidates when none are given, at the compat learning rate and epochs: the control and every
+        recipe that E3 (docs/results.md §8) found to break fewer of v1's answers than the control on some update,
+        with E3's settings: `muscle` and `ll_l` with the auxiliary cross-entropy (`ce_weight` 1, paper 002 §5), `kd`;
+        T = `temperature`."""
         budget = {"learning_rate": [self.compat_learning_rate], "epochs": [max(1, round(self.compat_epochs))]}
-        return [{"recipe": "control", **budget}, {"recipe": "muscle", **budget, "ce_weight": [self.ce_weight],
-                                                  "temperature": [self.temperature]}]
+        distill = {"temperature": [self.temperature]}
+        return [{"recipe": "control", **budget},
+                *({"recipe": r, **budget, **distill, "ce_weight": [1.0]} for r in ("muscle", "ll_l")),
+                {"recipe": "kd", **budget, **distill}]
 
     @property
     def new_base_path(self) -> str:
