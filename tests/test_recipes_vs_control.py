@@ -3,6 +3,7 @@ rule, and the whole pipeline (U1 NF4 and U3 generative, five arms on a 2 × 2 gr
 pick rule from the stored dev scores, dev choices before any test score, resuming after a kill."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,3 +160,18 @@ def test_pipeline_tunes_every_arm_alike_and_resumes_after_a_kill(tmp_path, embed
     again = rc.E3(cfg, say=lambda _: None).run("test")
     assert len(trained) == n and {p: p.stat().st_mtime_ns for p in out.rglob("done.json")} == steps
     assert json.dumps(again["updates"], default=str) == json.dumps(report["updates"], default=str)
+
+
+def test_u3_continued_fallback_uses_u2s_base(tmp_path, embedded_path):
+    """Registered: U3's continued-training fallback is U2's base. The base is built once, in the multiple-choice
+    store, and U3's steps (its own store) train their task adapter on that very folder."""
+    from adaptguard.experiments import recipes_vs_control as rc
+
+    cfg = toy_config(tmp_path, embedded_path)
+    e3 = rc.E3(cfg, say=lambda _: None)
+    u3 = e3.generative(cfg.generative_tasks[1])
+    path, quant, extra = u3.update_base("continued", list(cfg.continued))
+    assert (path, quant, extra) == e3.multiple_choice().update_base("continued", list(cfg.continued))
+    assert Path(path).parent == Path(cfg.out) and (Path(path) / "done.json").exists()
+    assert not list((Path(cfg.out) / "e3" / "generative").rglob("continued_base_*"))
+    assert u3.update_base("quantized", "nf4")[1] == "nf4"  # the quantized update is untouched

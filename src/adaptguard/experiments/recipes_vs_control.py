@@ -99,6 +99,12 @@ class GenerativeE1(E1):
     by exact match of the greedy answer instead of lm-eval's log-likelihood of each choice."""
 
     max_new_tokens = 16
+    bases: E1 | None = None  # the E1 whose continued base this one uses (U3's fallback is U2's base, as registered)
+
+    def update_base(self, update: str, setting) -> tuple[str, str | None, dict]:
+        if update == "continued" and self.bases is not None:  # the base does not depend on the task: build it once
+            return self.bases.update_base(update, setting)
+        return super().update_base(update, setting)
 
     def scores(self, name: str, settings: dict, split: str, model_fn) -> list[bool]:
         from ..utils.generation import exact_match, generate_answers
@@ -190,6 +196,7 @@ class E3:
                                              task_lrs=list(self.cfg.generative_task_lrs),
                                              out=str(self.root / "e3" / "generative" / name)), say=self.say)
             e.max_new_tokens = self.cfg.max_new_tokens
+            e.bases = self.multiple_choice()
             e.common["task"] = spec  # the store key names the source, not where its rows were written
             self._e1[spec] = e
         return self._e1[spec]
