@@ -175,3 +175,53 @@ def test_u3_continued_fallback_uses_u2s_base(tmp_path, embedded_path):
     assert Path(path).parent == Path(cfg.out) and (Path(path) / "done.json").exists()
     assert not list((Path(cfg.out) / "e3" / "generative").rglob("continued_base_*"))
     assert u3.update_base("quantized", "nf4")[1] == "nf4"  # the quantized update is untouched
+
+
+def test_u3_items_longer_than_max_length_are_left_out_of_every_split(tmp_path, embedded_path):
+    """Amendment 2026-11-26: a U3 candidate's items are those whose prompt + answer fit `max_length`, counted as
+    SFTTrainer tokenizes them (checked against TRL's own untruncated tokenization); the item gate counts what is
+    kept, and only a candidate that lost items gets a store key of its own."""
+    import dataclasses
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from adaptguard.experiments import recipes_vs_control as rc
+    from adaptguard.experiments.common import training_rows
+
+    cfg = toy_config(tmp_path, embedded_path)
+    capitals = [json.loads(x) for x in Path(cfg.generative_tasks[1]).read_text().splitlines()]
+    padding = " ".join(["the capital question"] * 10)
+    longer = [{**r, "input": f"{padding} {r['input']}" if i % 3 == 0 else r["input"]} for i, r in enumerate(capitals)]
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in longer))
+    cfg = dataclasses.replace(cfg, generative_tasks=[str(path)])
+
+    rows = rc.generative_rows(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(embedded_path)
+    trl = SFTTrainer(model=str(embedded_path), processing_class=tokenizer,
+                     args=SFTConfig(output_dir=str(tmp_path / "trl"), max_length=None, report_to="none", bf16=False,
+                                   use_cpu=True),
+                     train_dataset=Dataset.from_list(training_rows(rows)))
+    lengths = [len(x) for x in trl.train_dataset["input_ids"]]
+    expected = [n <= cfg.max_length for n in lengths]
+    assert any(expected) and not all(expected)  # the toy holds both kinds
+    assert rc.fits_max_length(rows, tokenizer, cfg.max_length) == expected
+
+    e3 = rc.E3(cfg, say=lambda _: None)
+    kept, total = e3.generative_items(str(path))
+    assert total == len(rows) and kept == [r for r, ok in zip(rows, expected) if ok]
+    tried = e3.choose_generative()["tried"]  # fewer kept items than the gate asks: passed over, nothing trained
+    assert tried == [{"task": str(path), "items": len(kept), "items_in_source": len(rows),
+                      "outcome": f"{len(kept)} items < {cfg.min_generative_items}"}]
+    assert not (Path(cfg.out) / "e3" / "generative").exists() or not list(
+        (Path(cfg.out) / "e3" / "generative").rglob("done.json"))
+
+    third = len(kept) // 3
+    e3 = rc.E3(dataclasses.replace(cfg, n_train=third, n_dev=third, n_test=len(kept) - 2 * third), say=lambda _: None)
+    split = e3.generative(str(path))
+    inputs = [r["input"] for part in split.rows.values() for r in part]
+    assert sorted(inputs) == sorted(r["input"] for r in kept)
+    assert split.common["items"] == f"prompt + answer <= {cfg.max_length} tokens"
+    assert "items" not in e3.generative(str(generative_toy(tmp_path)[0])).common  # every item fits: key unchanged

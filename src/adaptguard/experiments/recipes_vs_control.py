@@ -4,7 +4,7 @@ when every arm — the cross-entropy control included — is tuned on dev by the
 Updates: E1's U1 (bitsandbytes NF4) and U2 (200 steps of continued training) on hyperbaton — v1, the updates,
 their task adapters and lm-eval scoring are E1's steps (`real_update.E1`, reused from its store when `out` is E1's)
 — and U3, a BIG-bench task with generated multi-token answers (exact match), the first of `generative_tasks` that
-passes the registered dev gates. Arms: the recipes of `adaptguard.muscle.recipes` (`ARMS`), each continuing v2's
+passes the registered dev gates (its items: those whose prompt + answer fit `max_length`). Arms: the recipes of `adaptguard.muscle.recipes` (`ARMS`), each continuing v2's
 task adapter on the first `arm_rows` train rows, over one grid (learning rate × epochs; an epoch-e adapter is the
 checkpoint of the run to the grid's last epoch). Per arm, the pick rule of `adaptguard update`
 (`candidates.pick_setting(..., recipe=arm)`) chooses its setting on seed 0's dev scores; `dev_choices.json` holds
@@ -133,6 +133,14 @@ def generative_rows(spec: str) -> list[dict]:
     return [{"input": r["input"], "choices": [r["target"]], "label": 0} for r in rows]
 
 
+def fits_max_length(rows: list[dict], tokenizer, max_length: int) -> list[bool]:
+    """Per `{input, choices, label}` row: its prompt, the answer after a space and EOS fit `max_length` tokens, as
+    SFTTrainer tokenizes a prompt-completion row. A longer row would train on a cut answer, or on nothing (TRL drops
+    rows whose answer lies wholly past the cut)."""
+    texts = [r["input"] + " " + r["choices"][r["label"]] for r in rows]
+    return [len(ids) + 1 <= max_length for ids in tokenizer(texts)["input_ids"]]
+
+
 def arm_summary(v1: list[bool], arms: dict[str, list[list[bool]]], seed: int = 0, n_boot: int = 4000) -> dict:
     """Per arm (each: seeds × items correctness on test): accuracy, NFR, PFR (mean over seeds); against the control,
     Δ NFR and Δ accuracy item-paired (an item's seeds resampled together), per-seed McNemar on the negative flips,
@@ -166,6 +174,7 @@ class E3:
         self.root = Path(cfg.out)
         self._e1 = {}
         self._v1 = {}
+        self._tokenizer = None  # v1's, to count a U3 candidate's tokens
         self.choices_path = self.root / "e3" / "dev_choices.json"
 
     # -- the updates -------------------------------------------------------------------------------------------
@@ -185,9 +194,22 @@ class E3:
                                                 task_lrs=[self.cfg.task_lr]), say=self.say)
         return self._e1["mc"]
 
+    def generative_items(self, spec: str) -> tuple[list[dict], int]:
+        """(the rows of U3 candidate `spec` that fit `max_length`, how many it has in all): longer items are removed
+        before the split (amendment 2026-11-26, docs/preregistration.md § E3)."""
+        from transformers import AutoTokenizer
+
+        from ..models.embedded import resolve_model
+
+        if self._tokenizer is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model))
+        rows = generative_rows(spec)
+        fit = fits_max_length(rows, self._tokenizer, self.cfg.max_length)
+        return [r for r, ok in zip(rows, fit) if ok], len(rows)
+
     def generative(self, spec: str) -> GenerativeE1:
         if spec not in self._e1:
-            rows = generative_rows(spec)
+            rows, total = self.generative_items(spec)
             name = Path(spec).stem if spec.endswith(".jsonl") else spec.removeprefix("bigbench:")
             path = self.root / "e3" / "tasks" / f"{name}.jsonl"
             atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
@@ -198,16 +220,20 @@ class E3:
             e.max_new_tokens = self.cfg.max_new_tokens
             e.bases = self.multiple_choice()
             e.common["task"] = spec  # the store key names the source, not where its rows were written
+            if len(rows) < total:  # fewer items than the source: a key of their own (unchanged where all fit)
+                e.common["items"] = f"prompt + answer <= {self.cfg.max_length} tokens"
             self._e1[spec] = e
         return self._e1[spec]
 
     def choose_generative(self) -> dict:
-        """U3 by the registered rule: the first task with ≥ `min_generative_items` items whose v1 dev accuracy is
-        ≥ `min_v1_accuracy` and whose NF4 update (else continued training) has dev NFR ≥ `min_nfr`."""
+        """U3 by the registered rule: the first task with ≥ `min_generative_items` items (that fit `max_length`) whose
+        v1 dev accuracy is ≥ `min_v1_accuracy` and whose NF4 update (else continued training) has dev NFR ≥
+        `min_nfr`."""
         tried = []
         for spec in self.cfg.generative_tasks:
-            n = len(generative_rows(spec))
-            entry = {"task": spec, "items": n}
+            rows, total = self.generative_items(spec)
+            n = len(rows)
+            entry = {"task": spec, "items": n, "items_in_source": total}
             tried.append(entry)
             if n < self.cfg.min_generative_items:
                 entry["outcome"] = f"{n} items < {self.cfg.min_generative_items}"
