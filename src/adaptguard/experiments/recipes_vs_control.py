@@ -4,12 +4,12 @@ when every arm — the cross-entropy control included — is tuned on dev by the
 Updates: E1's U1 (bitsandbytes NF4) and U2 (200 steps of continued training) on hyperbaton — v1, the updates,
 their task adapters and lm-eval scoring are E1's steps (`real_update.E1`, reused from its store when `out` is E1's)
 — and U3, a BIG-bench task with generated multi-token answers (exact match), the first of `generative_tasks` that
-passes the registered dev gates (its items: those whose prompt + answer fit `max_length`). Arms: the recipes of `adaptguard.muscle.recipes` (`ARMS`), each continuing v2's
-task adapter on the first `arm_rows` train rows, over one grid (learning rate × epochs; an epoch-e adapter is the
-checkpoint of the run to the grid's last epoch). Per arm, the pick rule of `adaptguard update`
-(`candidates.pick_setting(..., recipe=arm)`) chooses its setting on seed 0's dev scores; `dev_choices.json` holds
-it before any test item of that update is scored. On test: every arm's chosen setting over the seeds, compared item
-by item with the control's, and seed 0's whole grid (the figure).
+passes the registered dev gates (its items: those whose prompt + answer fit `max_length`). Arms: the recipes of
+`adaptguard.muscle.recipes` (`ARMS`), each continuing v2's task adapter on the first `arm_rows` train rows, over one
+grid (learning rate × epochs; an epoch-e adapter is the checkpoint of the run to the grid's last epoch). Per arm,
+the pick rule of `adaptguard update` (`candidates.pick_setting(..., recipe=arm)`) chooses its setting on seed 0's dev
+scores; `dev_choices.json` holds it before any test item of that update is scored. On test: every arm's chosen
+setting over the seeds, compared item by item with the control's, and seed 0's whole grid (the figure).
 
 Every run and per-item score is a step of E1's store (`out/`), kept with its settings: a killed run resumes; the
 per-item scores (`out/scores/`) are small JSON files that a later session can copy back to skip their runs.
