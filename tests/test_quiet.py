@@ -57,3 +57,24 @@ def test_no_note_when_nothing_was_hidden():
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[-1] == "None" and "kernel" not in proc.stderr
+
+
+def test_transformers_deprecation_read_by_peft_is_hidden_and_other_warnings_are_not():
+    """PEFT reads transformers' deprecated `is_gradient_checkpointing` whenever it wraps a model: hidden by the CLI
+    and every experiment runner alike (one filter); any other FutureWarning still shows."""
+    proc = run("""
+        import warnings
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from adaptguard.utils.quiet import hide_unused_library_noise
+
+        hide_unused_library_noise()
+        config = AutoConfig.for_model("gpt2", n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=8)
+        model = AutoModelForCausalLM.from_config(config)
+        model.is_gradient_checkpointing  # transformers' own deprecation, as PEFT and TRL trigger it
+        get_peft_model(model, LoraConfig(r=2, target_modules=["c_attn"]))
+        warnings.warn("another deprecation", FutureWarning)
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "is_gradient_checkpointing" not in proc.stderr and "another deprecation" in proc.stderr

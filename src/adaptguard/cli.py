@@ -585,14 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import warnings
-
     from .utils.quiet import hide_unused_library_noise
 
-    # PEFT (0.21) reads transformers' deprecated `is_gradient_checkpointing` when it wraps a model: a warning about
-    # the two libraries that nobody running this command can act on
-    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    hide_unused_library_noise()  # bitsandbytes' kernel download note, said only when a 4-bit model is loaded
+    hide_unused_library_noise()  # e.g. bitsandbytes' kernel download note, said only when a 4-bit model is loaded
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["lm-eval"]:  # pass everything, --help included, to lm-eval itself
         return _guarded("lm-eval", lambda: run_lm_eval(argv[1:]))

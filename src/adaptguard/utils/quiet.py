@@ -4,12 +4,16 @@ bitsandbytes (0.50) tries, on importing its CPU backend on a CPU with AVX512-BF1
 from the Hugging Face Hub and logs a warning when the `kernels` package is absent. PEFT imports bitsandbytes
 whenever it is installed, so every command would open with that line, 4-bit model or not. The CLI hides it; a run
 that does load a 4-bit model says once what it means for the user (`note_4bit_kernel`).
+
+PEFT (0.21) and TRL read transformers' deprecated `is_gradient_checkpointing` when they wrap a model: a warning
+about those libraries that nobody running a command or an experiment can act on.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import warnings
 
 
 class _HideMessage(logging.Filter):
@@ -31,8 +35,9 @@ BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
 
 
 def hide_unused_library_noise() -> None:
-    """Install the filters (idempotent: `addFilter` adds a filter once)."""
+    """Install the filters (idempotent: `addFilter` adds a filter once, `filterwarnings` moves an equal one first)."""
     logging.getLogger(BNB_CPU_LOGGER).addFilter(BNB_CPU_KERNEL)
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def note_4bit_kernel() -> str | None:
