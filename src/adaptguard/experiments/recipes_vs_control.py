@@ -39,9 +39,11 @@ from .real_update import E1, MIX_TASKS, E1Config, _args, _key, load_base
 # the registered arms: recipe name -> its fields (temperature T is common)
 ARMS = {"control": {}, "muscle": {"ce_weight": 1.0}, "ll_l": {"ce_weight": 1.0},
         "focal": {"focal_alpha": 1.0, "focal_beta": 5.0, "distill_weight": 1.0}, "kd": {"distill_weight": 1.0}}
-# the registered four, then (amendment 2026-11-26, docs/preregistration.md § E3) three more in case none passes
+# the registered four, then (amendments 2026-11-26, docs/preregistration.md § E3) three more, and three more again,
+# each set appended when none before it had passed
 GENERATIVE_TASKS = ("arithmetic", "word_unscrambling", "modified_arithmetic", "unit_conversion",
-                    "linguistic_mappings", "contextual_parametric_knowledge_conflicts", "disfl_qa")
+                    "linguistic_mappings", "contextual_parametric_knowledge_conflicts", "disfl_qa",
+                    "unnatural_in_context_learning", "mult_data_wrangling", "matrixshapes")
 UPDATE_NAMES = {"quantized": "U1", "continued": "U2", "generative": "U3"}
 
 
