@@ -101,17 +101,25 @@ def test_missing_reference_is_a_clear_error(embedded_path, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_reference_of_other_documents_is_refused(embedded_path, tmp_path):
-    from compat_fixtures import write_compat_data
+def test_reference_of_other_documents_is_refused(compat_runs, tmp_path, monkeypatch):
+    """A reference that scored fewer documents (--limit 3) is refused at the first document it lacks, naming the
+    task; the end-to-end exit code of a refused reference is test_missing_reference_is_a_clear_error's."""
+    import shutil
 
-    data = write_compat_data(tmp_path / "data")
-    ref = adaptguard_lm_eval(embedded_path, tmp_path / "ref", {"compat_data_dir": str(data)}, "--tasks",
-                             "compat_piqa", "--limit", "3")
-    assert ref.returncode == 0, ref.stderr[-2000:]
-    proc = adaptguard_lm_eval(embedded_path, tmp_path / "out", {"compat_data_dir": str(data),
-                                                               "compat_reference": str(tmp_path / "ref")},
-                              "--tasks", "compat_piqa")
-    assert proc.returncode == 2 and "compat_piqa" in proc.stderr and "same documents" in proc.stderr
+    from adaptguard.compat import harness
+    from adaptguard.compat.runs import RunError
+
+    root, _ = compat_runs
+    limited = tmp_path / "limited"
+    shutil.copytree(root / "old", limited)
+    (f,) = limited.rglob("samples_compat_piqa_2*.jsonl")
+    f.write_text("".join(line + "\n" for line in f.read_text().splitlines() if json.loads(line)["doc_id"] < 3))
+    monkeypatch.setattr(harness, "_REFERENCES", {})
+    docs = list(harness.load_dataset_for("compat_piqa", "baber/piqa", None, "validation", compat_data_dir=str(
+        root / "data"), compat_reference=str(limited))["validation"])
+    assert [harness.reference_for("compat_piqa", d) is not None for d in docs[:3]] == [True] * 3
+    with pytest.raises(RunError, match="compat_piqa: .*same documents"):
+        harness.reference_for("compat_piqa", docs[3])
 
 
 def test_plain_lm_eval_with_tasks_dir(embedded_path, tmp_path):

@@ -2,6 +2,7 @@
 tiny models; the in-harness flips must equal `adaptguard compare` on the same two runs."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from test_compat import run_cli
 from test_compat_tasks import results
 
 from adaptguard.compat.compare import compare_runs
+from adaptguard.compat.runs import RunError
 
 # a generation task whose filter is named "none", like the multiple-choice task's: the group then pools both
 GSM_NONE = """include: {tasks}/t_gsm.yaml
@@ -115,16 +117,34 @@ def test_variant_without_reference_reports_the_original_metrics(variant_runs, lm
     assert proc.stderr.count("no compat_reference given") == 1
 
 
+def compat_t_piqa(variant_runs, reference, tmp_path):
+    """compat_t_piqa built in this process the way lm-eval builds it, naming `reference` as compat_reference."""
+    from lm_eval.tasks import TaskManager
+
+    from adaptguard.compat.variants import write_compat_tasks
+
+    tasks = [str(variant_runs / "tasks")]
+    write_compat_tasks(["t_piqa"], tmp_path / "v", task_manager=TaskManager(include_path=tasks, include_defaults=False))
+    manager = TaskManager(include_path=[*tasks, str(tmp_path / "v")], include_defaults=False,
+                          metadata={"compat_reference": str(reference)})
+    return manager.load(["compat_t_piqa"])["tasks"]["compat_t_piqa"]
+
+
 def test_reference_that_does_not_cover_the_documents_fails_before_scoring(variant_runs, lm_runs, tmp_path):
     limited = tmp_path / "limited"  # as written by --limit 5: the first five documents only
     shutil.copytree(variant_runs / "old", limited)
     f = samples_file(limited, "t_piqa")
     f.write_text("".join(line + "\n" for line in f.read_text().splitlines() if json.loads(line)["doc_id"] < 5))
+    # end to end once: the CLI exits 2 with the task and the document, and writes no results
     proc = lm_eval(lm_runs / "new_model" / "model", variant_runs / "tasks", tmp_path / "x", "compat_t_piqa",
                    "--metadata", json.dumps({"compat_reference": str(limited)}), wrapper=True)
     assert proc.returncode == 2 and "compat_t_piqa: doc_id 5 is not in the compat_reference run of t_piqa" \
         in proc.stderr, proc.stderr[-3000:]
     assert not list(tmp_path.glob("x/**/results_*.json"))
+    # the same check in this process, before any request reaches a model
+    with pytest.raises(RunError, match="compat_t_piqa: doc_id 5 is not in the compat_reference run of t_piqa"):
+        compat_t_piqa(variant_runs, limited, tmp_path / "a").build_all_requests(limit=None, rank=0, world_size=1)
+    compat_t_piqa(variant_runs, limited, tmp_path / "b").build_all_requests(limit=5, rank=0, world_size=1)
 
     tampered = tmp_path / "tampered"
     shutil.copytree(variant_runs / "old", tampered)
@@ -132,14 +152,12 @@ def test_reference_that_does_not_cover_the_documents_fails_before_scoring(varian
     rows = [json.loads(line) for line in f.read_text().splitlines()]
     rows[2]["prompt_hash"] = "0" * 64  # as if the old run had used other few-shot examples for doc 2
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = lm_eval(lm_runs / "new_model" / "model", variant_runs / "tasks", tmp_path / "y", "compat_t_piqa",
-                   "--metadata", json.dumps({"compat_reference": str(tampered)}), wrapper=True)
-    assert proc.returncode == 2 and "doc_id 2 has another prompt" in proc.stderr, proc.stderr[-3000:]
+    with pytest.raises(RunError, match="compat_t_piqa: doc_id 2 has another prompt"):
+        compat_t_piqa(variant_runs, tampered, tmp_path / "c").build_all_requests(limit=None, rank=0, world_size=1)
 
-    proc = lm_eval(lm_runs / "new_model" / "model", variant_runs / "tasks", tmp_path / "z", "compat_t_piqa",
-                   "--metadata", json.dumps({"compat_reference": str(tmp_path / "nowhere")}), wrapper=True)
-    assert proc.returncode == 2 and f"compat_t_piqa: compat_reference {tmp_path / 'nowhere'}: no such file" \
-        in proc.stderr, proc.stderr[-3000:]
+    nowhere = re.escape(f"compat_t_piqa: compat_reference {tmp_path / 'nowhere'}: no such file")
+    with pytest.raises(RunError, match=nowhere):
+        compat_t_piqa(variant_runs, tmp_path / "nowhere", tmp_path / "d")
 
 
 def test_unknown_names_and_folders_are_refused(variant_runs, tmp_path):
