@@ -266,10 +266,13 @@ def test_generation_stops_at_a_stop_string_and_says_which_rows_ran_out(embedded_
         assert finished[i] == (stop in full[i] or ran[i])
 
 
-def test_default_candidates_follow_e3s_registered_rule():
+def test_default_candidates_follow_e3s_registered_rule(tmp_path):
     """Registered after-the-verdict rule (docs/preregistration.md § E3): the default candidates are the control plus
     every recipe whose Δ NFR CI against the control lies below 0 on some update of E3's committed report, with E3's
-    settings (muscle and ll_l with ce_weight 1, T 2) on one budget."""
+    settings (the runner's arms at T 2) on one budget."""
+    from adaptguard.experiments.recipes_vs_control import ARMS
+    from adaptguard import MUSCLEConfig
+    from adaptguard.muscle.recipes import RECIPE_FIELDS
     from adaptguard.update import UpdateConfig
     from adaptguard.update.candidates import expand_candidates
 
@@ -284,3 +287,8 @@ def test_default_candidates_follow_e3s_registered_rule():
     for s in settings:
         extra = dict(s.fields)
         assert extra.get("ce_weight", 1.0) == 1.0 and (s.recipe == "control" or extra["temperature"] == 2.0)
+        if s.recipe != "control":  # the fields a trainer resolves are E3's arm's
+            resolved = [MUSCLEConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, recipe=s.recipe, **fields)
+                        for fields in (extra, {"temperature": 2.0, **ARMS[s.recipe]})]
+            assert [{f: getattr(c, f) for f in (*RECIPE_FIELDS, "temperature")} for c in resolved] == \
+                [{f: getattr(resolved[1], f) for f in (*RECIPE_FIELDS, "temperature")}] * 2, s.recipe

@@ -120,13 +120,13 @@ class UpdateConfig:
     def default_candidates(self) -> list[dict]:
         """The pick's candidates when none are given, at the compat learning rate and epochs: the control and every
         recipe that E3 (docs/results.md §8) found to break fewer of v1's answers than the control on some update,
-        with E3's settings: `muscle` and `ll_l` with the auxiliary cross-entropy (`ce_weight` 1, paper 002 §5), `kd`;
-        T = `temperature`."""
+        with E3's settings: `muscle` and `ll_l` with the auxiliary cross-entropy (`ce_weight` 1, paper 002 §5), `kd`
+        and `focal` (α 1, β 5); T = `temperature`."""
         budget = {"learning_rate": [self.compat_learning_rate], "epochs": [max(1, round(self.compat_epochs))]}
         distill = {"temperature": [self.temperature]}
         return [{"recipe": "control", **budget},
                 *({"recipe": r, **budget, **distill, "ce_weight": [1.0]} for r in ("muscle", "ll_l")),
-                {"recipe": "kd", **budget, **distill}]
+                *({"recipe": r, **budget, **distill} for r in ("kd", "focal"))]
 
     @property
     def new_base_path(self) -> str:
