@@ -270,8 +270,8 @@ def test_default_candidates_follow_e3s_registered_rule(tmp_path):
     """Registered after-the-verdict rule (docs/preregistration.md § E3): the default candidates are the control plus
     every recipe whose Δ NFR CI against the control lies below 0 on some update of E3's committed report, with E3's
     settings (the runner's arms at T 2) on one budget."""
-    from adaptguard.experiments.recipes_vs_control import ARMS
     from adaptguard import MUSCLEConfig
+    from adaptguard.experiments.recipes_vs_control import ARMS
     from adaptguard.muscle.recipes import RECIPE_FIELDS
     from adaptguard.update import UpdateConfig
     from adaptguard.update.candidates import expand_candidates
