@@ -288,7 +288,7 @@ def test_default_candidates_follow_e3s_registered_rule(tmp_path):
         extra = dict(s.fields)
         assert extra.get("ce_weight", 1.0) == 1.0 and (s.recipe == "control" or extra["temperature"] == 2.0)
         if s.recipe != "control":  # the fields a trainer resolves are E3's arm's
-            resolved = [MUSCLEConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, recipe=s.recipe, **fields)
-                        for fields in (extra, {"temperature": 2.0, **ARMS[s.recipe]})]
-            assert [{f: getattr(c, f) for f in (*RECIPE_FIELDS, "temperature")} for c in resolved] == \
-                [{f: getattr(resolved[1], f) for f in (*RECIPE_FIELDS, "temperature")}] * 2, s.recipe
+            default, e3 = ({f: getattr(c, f) for f in (*RECIPE_FIELDS, "temperature")} for c in (
+                MUSCLEConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, recipe=s.recipe, **fields)
+                for fields in (extra, {"temperature": 2.0, **ARMS[s.recipe]})))
+            assert default == e3, s.recipe
