@@ -47,6 +47,21 @@ def test_the_cli_hides_the_kernel_line_and_a_4bit_load_explains_it_once():
     assert proc.stderr.count("fused 4-bit CPU kernel") == 1 and "pip install kernels" in proc.stderr
 
 
+def test_experiment_runners_hide_the_kernel_line_from_their_first_import():
+    """`python -m adaptguard.experiments.<runner>` imports transformers' Trainer (hence PEFT, hence bitsandbytes,
+    which logs the note at import) before its `main` runs: the experiments package installs the filter first."""
+    proc = run(f"""
+        import logging
+        import adaptguard.experiments
+
+        log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+        log.warning("{PREFIX}: %s", "No module named 'kernels'")
+        log.warning("another bitsandbytes warning")
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert PREFIX not in proc.stderr and "another bitsandbytes warning" in proc.stderr
+
+
 def test_no_note_when_nothing_was_hidden():
     proc = run("""
         from adaptguard.cli import main
