@@ -2,6 +2,7 @@
 whole pipeline (MedCalc-style domain, best-epoch checkpoints, the dev rule over calculator sets and learning rates,
 E2's statistics) against the stored per-item scores."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -119,10 +120,17 @@ def test_pipeline_checkpoints_dev_rule_and_report(tmp_path, embedded_path):
         assert (out / "tradeoff.png").stat().st_size > 0
     assert set(report["regime"]) == {"E4", "E2"} and report["regime"]["E2"]["median_tokens_per_row"] >= 1
     assert (out / "regime.png").stat().st_size > 0 and "## The regime" in (out / "report.md").read_text()
-    # a re-run trains and scores nothing
+    # a re-run trains and scores nothing; it exports the small records (after each step, and at the end)
     steps = {p: p.stat().st_mtime_ns for p in out.rglob("done.json")}
-    e4m.E4(cfg, say=lambda _: None).run_test()
+    again = e4m.E4(cfg, say=lambda _: None)
+    again.export_to = tmp_path / "records"
+    again.run_test()
     assert {p: p.stat().st_mtime_ns for p in out.rglob("done.json")} == steps
+    # the records alone (no weights), as a new machine gets them from git, resume the study without training
+    assert not list((tmp_path / "records").rglob("*.safetensors"))
+    resumed = e4m.E4(dataclasses.replace(cfg, out=str(tmp_path / "records")), say=lambda _: None).run_test()
+    assert not list((tmp_path / "records").rglob("*.safetensors"))  # no run was trained again
+    assert resumed["dev_choices"] == report["dev_choices"] and resumed.get("comparisons") == report.get("comparisons")
 
 
 def test_bad_config_names_the_field(tmp_path, embedded_path):

@@ -148,6 +148,7 @@ class E2:
         self.cfg, self.say = cfg, say
         self.root = Path(cfg.out)
         self.store = Store(self.root)
+        self.export_to: Path | None = None  # where `export()` copies the small records (the CLI's --export)
         self.base_path = resolve_model(cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.base_path)
         self.splits = self.load_splits()
@@ -194,6 +195,12 @@ class E2:
         return self._scores(name, settings, split, lambda: AutoModelForCausalLM.from_pretrained(model_dir).eval())
 
     # -- stages ------------------------------------------------------------------------------------------------
+    def export(self) -> None:
+        """Copy the small records (per-item scores, choices, timings) to `export_to`, if set: called after each
+        finished step of a long stage too, so that a session stopped mid-stage leaves them to commit."""
+        if self.export_to is not None:
+            export_records(self.root, self.export_to)
+
     def qualification(self, base: dict, sft: dict) -> dict:
         """The registered dev test of one SFT model: it learns the domain (dev gain over the base, item-paired 95 %
         CI above 0) and forgets (general dev NFR against the base ≥ min_nfr)."""
@@ -384,9 +391,9 @@ def main(argv: list[str] | None = None, config_class=E2Config, quick=quick_confi
     if cli.stage not in ("dev", "test"):
         raise ValueError(f"--stage must be dev or test, got {cli.stage!r}")
     runner = (study or E2)(cfg)
+    runner.export_to = Path(cli.export) if cli.export else None
     result = runner.dev_stage() if cli.stage == "dev" else runner.run_test()
-    if cli.export:
-        export_records(Path(cfg.out), Path(cli.export))
+    runner.export()
     return result
 
 

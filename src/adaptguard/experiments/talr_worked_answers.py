@@ -64,6 +64,11 @@ def quick_config(out: str = "e4-quick") -> E4Config:
                     e2_train_rows=40)
 
 
+def best_epoch(dev: dict[int, list[bool]]) -> int:
+    """The epoch whose per-item domain dev scores have the highest accuracy; a tie goes to the earlier epoch."""
+    return max(dev, key=lambda e: (np.mean(dev[e]), -e))
+
+
 def calculators(spec: str) -> list[str]:
     return [c.strip() for c in spec.split(",") if c.strip()]
 
@@ -133,12 +138,17 @@ class E4(E2):
             self.say(f"E4: {name} on domain {split}: {np.mean(correct):.3f}, {np.mean(finished):.0%} finished "
                      f"({time.perf_counter() - start:.0f} s)")
 
-        c = self.cfg
-        key = {**settings, "split": split, "set": index, "calculators": c.calculator_sets[index],
-               "n_train": c.train_per_calculator[index], "max_new_tokens": self.max_new_tokens(index),
-               "generation_batch_size": c.generation_batch_size, "stop": NOTE_PREFIX}
-        folder = self.store.get(f"scores/{split}/domain/{name}", key, make)
+        folder = self.store.get(f"scores/{split}/domain/{name}", self.domain_key(settings, index, split), make)
         return json.loads((folder / "scores.json").read_text())
+
+    def domain_key(self, settings: dict, index: int, split: str) -> dict:
+        """The stored settings of a domain score step (a changed generation setting is rescored, never reused)."""
+        from ..data.medcalc import NOTE_PREFIX
+
+        c = self.cfg
+        return {**settings, "split": split, "set": index, "calculators": c.calculator_sets[index],
+                "n_train": c.train_per_calculator[index], "max_new_tokens": self.max_new_tokens(index),
+                "generation_batch_size": c.generation_batch_size, "stop": NOTE_PREFIX}
 
     def general_scores(self, name: str, settings: dict, split: str, model_fn) -> dict[str, list[bool]]:
         def make(tmp: Path):
@@ -200,7 +210,7 @@ class E4(E2):
                 path = tmp / f"epoch-{epoch}"
                 dev[epoch] = self.domain_scores(f"{name}_epoch{epoch}", {**settings, "epoch": epoch}, index, "dev",
                                                 lambda p=path: AutoModelForCausalLM.from_pretrained(p).eval())
-            chosen = max(dev, key=lambda e: (np.mean(dev[e]["correct"]), -e))
+            chosen = best_epoch({e: d["correct"] for e, d in dev.items()})
             (tmp / f"epoch-{chosen}").rename(tmp / "model")
             for epoch in dev:
                 shutil.rmtree(tmp / f"epoch-{epoch}", ignore_errors=True)
@@ -212,6 +222,18 @@ class E4(E2):
 
         return self.store.get(f"models/{name}", settings, train)
 
+    def kept_epoch(self, arm: str, lr: float, seed: int, index: int) -> int:
+        """The run's kept epoch: from its stored per-epoch domain dev scores when all are there (records that a copy
+        back into `out` restores: a study resumed on another machine does not retrain for them), else from the run."""
+        settings = self.run_settings(arm, lr, seed, index)
+        name = f"{arm}_lr{lr:g}_seed{seed}_set{index}"
+        folders = {e: self.store.find(f"scores/dev/domain/{name}_epoch{e}",
+                                      self.domain_key({**settings, "epoch": e}, index, "dev"))
+                   for e in range(1, int(self.cfg.epochs) + 1)}
+        if None in folders.values():
+            return json.loads((self.run(arm, lr, seed, index) / "epochs.json").read_text())["chosen"]
+        return best_epoch({e: json.loads((f / "scores.json").read_text())["correct"] for e, f in folders.items()})
+
     def run_scores(self, arm: str, lr: float, seed: int, index: int, split: str) -> dict[str, list[bool]]:
         """{"domain": ..., **general} of the run's kept checkpoint on `split`."""
         from transformers import AutoModelForCausalLM
@@ -220,7 +242,7 @@ class E4(E2):
         name = f"{arm}_lr{lr:g}_seed{seed}_set{index}"
         model = lambda: AutoModelForCausalLM.from_pretrained(self.run(arm, lr, seed, index) / "model").eval()
         if split == "dev":  # scored while choosing the checkpoint
-            chosen = json.loads((self.run(arm, lr, seed, index) / "epochs.json").read_text())["chosen"]
+            chosen = self.kept_epoch(arm, lr, seed, index)
             domain = self.domain_scores(f"{name}_epoch{chosen}", {**settings, "epoch": chosen}, index, "dev", model)
         else:
             domain = self.domain_scores(name, settings, index, split, model)
@@ -241,6 +263,7 @@ class E4(E2):
             for lr in self.cfg.learning_rates:
                 sft = self.run_scores("SFT", lr, seed, index, "dev")
                 seen[f"{lr:g}"] = self.qualification(base, sft)
+                self.export()
                 self.say(f"E4: dev SFT {spec} lr {lr:g}: {seen[f'{lr:g}']}")
                 if seen[f"{lr:g}"]["qualifies"]:
                     break  # registered: the first qualifying (set, lr); the budget affords one
@@ -274,6 +297,7 @@ class E4(E2):
                         runs[arm, lr] = []
                         for seed in self.cfg.seeds:
                             runs[arm, lr].append(self.run_scores(arm, lr, seed, index, "test"))
+                            self.export()
                             bar.update()
             report.update(summarise(base, runs, self.general, self.cfg))
             # generations that ended (EOS or a new item) rather than ran out of tokens: a model that never stops is

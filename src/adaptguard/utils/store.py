@@ -16,11 +16,17 @@ class Store:
     def __init__(self, root: Path):
         self.root = root
 
-    def get(self, name: str, settings: dict, make) -> Path:
-        target = self.root / name
-        marker = target / "done.json"
+    def find(self, name: str, settings: dict) -> Path | None:
+        """The step's folder if it is finished with these settings, else None (nothing is made)."""
+        marker = self.root / name / "done.json"
         if marker.exists() and json.loads(marker.read_text()) == json.loads(json.dumps(settings, default=str)):
-            return target
+            return marker.parent
+        return None
+
+    def get(self, name: str, settings: dict, make) -> Path:
+        if (found := self.find(name, settings)) is not None:
+            return found
+        target = self.root / name
         with finished_dir(target) as tmp:
             make(tmp)
             (tmp / "done.json").write_text(json.dumps(settings, default=str))
