@@ -120,6 +120,11 @@ def test_pipeline_checkpoints_dev_rule_and_report(tmp_path, embedded_path):
         assert (out / "tradeoff.png").stat().st_size > 0
     assert set(report["regime"]) == {"E4", "E2"} and report["regime"]["E2"]["median_tokens_per_row"] >= 1
     assert (out / "regime.png").stat().st_size > 0 and "## The regime" in (out / "report.md").read_text()
+    # the report shows every tried dev setting with its verdict, whichever way the walk ended
+    table = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("| ")]
+    for spec, lr in tried:
+        mark = "yes" if choices["sets"][spec]["lrs"][lr]["qualifies"] else "no"
+        assert sum(line.startswith(f"| {spec} | {lr} |") and line.endswith(f"| {mark} |") for line in table) == 1
     # a re-run trains and scores nothing; it exports the small records (after each step, and at the end)
     steps = {p: p.stat().st_mtime_ns for p in out.rglob("done.json")}
     again = e4m.E4(cfg, say=lambda _: None)

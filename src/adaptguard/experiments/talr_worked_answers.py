@@ -402,13 +402,23 @@ def regime_plot(regime: dict, path: Path) -> None:
 def markdown(report: dict) -> str:
     cfg, dev = report["config"], report["dev_choices"]
     lines = [f"# E4: TALR vs SFT vs DFT on worked answers (MedCalc-style), {cfg['model']}", "",
-             f"Dev choice: calculators {dev.get('calculators')}, {dev.get('n_train')} training items per calculator, "
-             f"learning rates {dev.get('learning_rates')}; seeds {cfg['seeds']}; {cfg['epochs']:g} epochs, the best "
+             (f"Dev choice: calculators {dev['calculators']}, {dev['n_train']} training items per calculator, "
+              f"learning rates {dev['learning_rates']}" if dev["set"] is not None else
+              "Dev choice: none (no setting qualified)") + f"; seeds {cfg['seeds']}; {cfg['epochs']:g} epochs, the best "
              f"domain-dev checkpoint kept. Test: {cfg['test_per_calculator']} items per calculator (synthetic notes, "
              f"the medcalc-bench rationales); {cfg['n_general_test']} items of each of {', '.join(cfg['general_tasks'])}"
-             " (general, flips against the base model).", "", "## The regime (base model, training targets)", "",
-             "| rows | target tokens | median per row | median p | p > 0.9 | p < 0.1 | TALR weight on a row's lowest 10 % "
-             "of tokens (median) |", "|---|---|---|---|---|---|---|"]
+             " (general, flips against the base model).", "", "## Dev stage (SFT, seed 0, the registered rule)", "",
+             "| calculators | lr | domain dev acc (base) | gain (95 % CI) | general dev NFR | PFR | qualifies |",
+             "|---|---|---|---|---|---|---|"]
+    for spec, seen in dev["sets"].items():
+        for lr, q in seen["lrs"].items():
+            lo, hi = q["domain_gain_ci"]
+            lines.append(f"| {spec} | {lr} | {q['domain_acc']:.3f} ({seen['base_domain_acc']:.3f}) | "
+                         f"{100 * q['domain_gain']:+.1f} ({100 * lo:+.1f} to {100 * hi:+.1f}) | {q['general_nfr']:.1%} | "
+                         f"{q['general_pfr']:.1%} | {'yes' if q['qualifies'] else 'no'} |")
+    lines += ["", "## The regime (base model, training targets)", "",
+              "| rows | target tokens | median per row | median p | p > 0.9 | p < 0.1 | TALR weight on a row's lowest 10 % "
+              "of tokens (median) |", "|---|---|---|---|---|---|---|"]
     for name, r in report["regime"].items():
         lines.append(f"| {name} | {r['n_tokens']} | {r['median_tokens_per_row']:g} | {r['p_median']:.3f} | "
                      f"{r['share_p_above_0.9']:.3f} | {r['share_p_below_0.1']:.3f} | "
