@@ -145,3 +145,20 @@ def test_bad_config_names_the_field(tmp_path, embedded_path):
         E4(toy_config(tmp_path, embedded_path, train_per_calculator=[8]))
     with pytest.raises(ValueError, match="epochs must be a whole number"):
         E4(toy_config(tmp_path, embedded_path, epochs=1.5))
+
+
+def test_report_without_a_qualifying_setting_shows_the_dev_walk_and_the_verdict():
+    from adaptguard.experiments.talr_worked_answers import E4Config, markdown
+
+    q = {"domain_acc": 0.5, "domain_gain": 0.5, "domain_gain_ci": (0.402, 0.598), "general_nfr": 11 / 300,
+         "general_pfr": 0.04, "qualifies": False}
+    regime = {"n_tokens": 10, "median_tokens_per_row": 2, "p_median": 0.5, "share_p_above_0.9": 0.1,
+              "share_p_below_0.1": 0.2, "median_low_decile_weight_share": 0.01}
+    report = {"config": dataclasses.asdict(E4Config()), "regime": {"E4": regime, "E2": regime},
+              "dev_choices": {"seed": 0, "set": None, "learning_rates": [],
+                              "sets": {"centor,bmi": {"base_domain_acc": 0.0, "lrs": {"3e-05": q}}}},
+              "verdict": "no setting where SFT both learns the domain and forgets on dev"}
+    text = markdown(report)
+    assert "Dev choice: none (no setting qualified); seeds [0, 1, 2]" in text
+    assert "| centor,bmi | 3e-05 | 0.500 (0.000) | +50.0 (+40.2 to +59.8) | 3.7% | 4.0% | no |" in text
+    assert text.rstrip().endswith(report["verdict"])
