@@ -127,8 +127,9 @@ class E4(E2):
         order = sorted(range(len(rows)), key=lambda i: rows[i]["calculator"])
 
         def make(tmp: Path):
+            model = model_fn()  # may train the run first; the time below is generation alone
             start = time.perf_counter()
-            preds, finished = generate_answers(model_fn(), self.tokenizer, [rows[i] for i in order],
+            preds, finished = generate_answers(model, self.tokenizer, [rows[i] for i in order],
                                                self.max_new_tokens(index), self.cfg.generation_batch_size,
                                                stop_strings=[NOTE_PREFIX], with_finished=True)
             back = np.argsort(order)  # to row order
