@@ -85,19 +85,22 @@ def test_compare_gate_on_real_runs(lm_runs, tmp_path):
     assert worst > 0  # the fixture's aggressive fine-tune broke something (see test_compare_cli_end_to_end)
     threshold = worst / 2
     out = tmp_path / "gate"
+    # raw values over every task (churn included), the gate as it compares numbers
     proc = run_cli("compare", lm_runs / "old", lm_runs / "new", "--fail-on", f"nfr>{threshold}",
-                   "--fail-on", "btc<0", "--json", out / "g.json", "--markdown", out / "g.md")
+                   "--fail-on", "btc<0", "--json", out / "g.json", "--markdown", out / "g.md", "--significance", "off",
+                   "--include-churn")
     assert proc.returncode == 1, proc.stderr[-2000:]
     breached = sorted(t for t, w in want.items() if w["nfr"] > threshold)
     gate = json.loads((out / "g.json").read_text())["gate"]
     assert not gate["passed"] and sorted(b["task"] for b in gate["breaches"]) == breached
     for b in gate["breaches"]:
         assert b["value"] == pytest.approx(want[b["task"]]["nfr"]) and b["threshold"] == threshold
-        assert b["task"] in proc.stderr and f"nfr = {b['value']:.4g} > {threshold:g}" in proc.stderr
+        assert b["task"] in proc.stderr and f"nfr = {100 * b['value']:.2f}% > {100 * threshold:.2f}%" in proc.stderr
     assert "Gate: FAILED" in (out / "g.md").read_text() and "(!)" in (out / "g.md").read_text()
 
     proc = run_cli("compare", lm_runs / "old", lm_runs / "new", "--fail-on", f"nfr>{worst}", "--fail-on",
-                   f"acc_drop>{max(w['old_acc'] - w['new_acc'] for w in want.values())}")
+                   f"acc_drop>{max(w['old_acc'] - w['new_acc'] for w in want.values())}", "--significance", "off",
+                   "--include-churn")
     assert proc.returncode == 0 and "gate: passed" in proc.stdout, proc.stderr[-2000:]
 
 
@@ -106,7 +109,10 @@ def test_compare_gate_on_real_runs(lm_runs, tmp_path):
     (["--fail-on", "flips>0.1"], "unknown metric 'flips'"),
     (["--fail-on", "mmlu_*:nfr>0.1"], "no task matches 'mmlu_*'"),
     (["--fail-on", "m_r>0.1", "--significance", "0.05"], "m_r has no significance test"),
-    (["--significance", "0.05"], "give at least one --fail-on"),
+    (["--fail-on", "nfr>2"], "nfr is a rate (the table prints it in %): write 2% or 0.02"),
+    (["--fail-on", "m_r>2%"], "m_r is not a rate"),
+    (["--significance", "2"], "expected a level in (0, 1)"),
+    (["--fail-on", "excess_nfr>0.01"], "excess_nfr needs replicate runs"),
 ])
 def test_compare_gate_bad_input_exits_2_and_writes_nothing(lm_runs, tmp_path, args, message):
     proc = run_cli("compare", lm_runs / "old", lm_runs / "new", *args, "--json", tmp_path / "x.json")

@@ -57,10 +57,9 @@ def _compare(ns: argparse.Namespace) -> int:
         from .utils.figures import check_figure_path
 
         check_figure_path(ns.plot, "--plot")  # before reading the runs
-    if ns.significance is not None and not ns.fail_on:
-        raise ValueError("--significance applies to --fail-on thresholds; give at least one --fail-on")
-    report = compare_runs(ns.old, ns.new, similarity=ns.similarity, metric=ns.metric,
-                          compatible_path=ns.compatible, n_boot=ns.n_boot, seed=ns.seed)
+    report = compare_runs(_replicates(ns.old), [_replicates(p) for p in ns.new], similarity=ns.similarity,
+                          metric=ns.metric, compatible_path=ns.compatible, n_boot=ns.n_boot, seed=ns.seed,
+                          alpha=ns.significance or DEFAULT_ALPHA, include_churn=ns.include_churn)
     if ns.fail_on:  # before anything is written: a threshold that cannot apply is bad input (exit 2)
         from .compat.gate import check_gate
 
@@ -81,11 +80,32 @@ def _compare(ns: argparse.Namespace) -> int:
         if path:
             print(f"{label}: {path}")
     if ns.fail_on:
-        from .compat.gate import describe
+        from .compat.gate import describe, exit_status
 
         print(describe(report["gate"]), file=sys.stdout if report["gate"]["passed"] else sys.stderr)
-        return 0 if report["gate"]["passed"] else 1
+        return exit_status(report["gate"])
     return 0
+
+
+DEFAULT_ALPHA = 0.05
+
+
+def _replicates(arg: str) -> str | list[str]:
+    """`run1,run2,...`: replicate runs of one side (seeds of one recipe, or repeated sampled evaluations)."""
+    parts = [p for p in arg.split(",")]
+    if any(not p for p in parts):
+        raise ValueError(f"{arg!r}: an empty run in a comma-separated list of replicates")
+    return parts[0] if len(parts) == 1 else parts
+
+
+def significance(text: str) -> float | None:
+    """argparse type: α in (0, 1), or `off` (raw values compared, no test)."""
+    if text.lower() == "off":
+        return None
+    value = finite_float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a level in (0, 1) such as 0.05, or off; got {text!r}")
+    return value
 
 
 def _tasks_dir(ns: argparse.Namespace) -> int:
@@ -438,9 +458,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     cmp = sub.add_parser("compare", help="Compatibility metrics (negative/positive flips, ...) between two lm-eval "
                          "runs saved with --log_samples.")
-    cmp.add_argument("old", help="old model's run: an lm-eval --output_path directory or a samples_*.jsonl file")
-    cmp.add_argument("new", nargs="+", help="new model's run, same form; several runs (e.g. v2 candidates) are each "
-                                            "compared with OLD in one table, tasks named `task [run]`")
+    cmp.add_argument("old", help="old model's run: an lm-eval --output_path directory or a samples_*.jsonl file; "
+                     "RUN1,RUN2,... for replicate runs of the old model (training seeds, repeated sampled "
+                     "evaluations): flips are then measured against the noise floor of reruns")
+    cmp.add_argument("new", nargs="+", help="new model's run, same form (RUN1,RUN2,... for its replicates); several "
+                                            "arguments (e.g. v2 candidates) are each compared with OLD in one table, "
+                                            "tasks named `task [run]`")
     cmp.add_argument("--compatible", help="a third run (e.g. a compatibility adapter): adds the Δ-metrics")
     cmp.add_argument("--similarity", help="score generations with this similarity plugin (rouge1, rouge2, rougeL, "
                      "bleu, exact_match, or a plugin's) for smooth flips")
@@ -455,12 +478,17 @@ def build_parser() -> argparse.ArgumentParser:
                           "(also in --markdown and --json)")
     cmp.add_argument("--flips-out", metavar="FILE", help="write every flipped document, both answers, as JSON lines")
     cmp.add_argument("--fail-on", action="append", type=_threshold, metavar="EXPR",
-                     help="regression gate, repeatable: [TASKGLOB:]METRIC>VALUE or <VALUE over nfr, pfr, nfr_mc, btc, "
-                          "old_acc, new_acc, acc_drop, smooth_nfr, ... (e.g. 'nfr>0.02', 'mmlu_*:btc<0.95'); exit "
-                          "status 1 when one holds, 2 for bad input")
-    cmp.add_argument("--significance", type=finite_float, metavar="ALPHA",
-                     help="count a --fail-on breach only when a test supports it at level ALPHA: exact one-sided "
-                          "binomial on the item counts for rates and btc, McNemar for acc_drop")
+                     help="regression gate, repeatable: [TASKGLOB:]METRIC>VALUE or <VALUE over nfr, excess_nfr, pfr, "
+                          "nfr_mc, btc, old_acc, new_acc, acc_drop, smooth_nfr, ... (rates as 2%% or 0.02; e.g. "
+                          "'nfr>2%%', 'excess_nfr>1%%', 'mmlu_*:btc<0.95'); exit status 1 on a regression the data "
+                          "support, 3 when none but the data could not detect a threshold, 2 for bad input")
+    cmp.add_argument("--significance", type=significance, default=DEFAULT_ALPHA, metavar="ALPHA",
+                     help="a --fail-on breach counts only when a test supports it at level ALPHA (default 0.05): "
+                          "exact one-sided binomial on the item counts for rates and btc, McNemar for acc_drop, a "
+                          "t-test over runs and items with replicates; 'off' compares raw values. Also the level of "
+                          "the per-task Benjamini-Hochberg flags and of the chance test")
+    cmp.add_argument("--include-churn", action="store_true",
+                     help="count tasks where the old model is not above chance (churn) in the gate and the overall row")
     cmp.set_defaults(func=_compare)
     tdir = sub.add_parser("tasks-dir", help="Print adaptguard's lm-eval task directory, for "
                           "`lm_eval --include_path`.")

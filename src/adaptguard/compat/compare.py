@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..plugins import get_similarity
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
+from .replicates import above_chance_p, benjamini_hochberg, chance_rate, replicate_flips
 from .runs import RunError, Sample, TaskRun, read_run
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
@@ -135,34 +136,139 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
     return out
 
 
+def _side(paths) -> list[Path]:
+    """One side's replicate runs: a path, or a list of paths."""
+    return [Path(p) for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
+
+
+def _check_runs_distinct(old: list[Path], candidates: list[list[Path]]) -> None:
+    """Refuse a run listed twice on a side, or given as both old and new (its flips would be 0 by construction)."""
+    for side in (old, *candidates):
+        seen = {}
+        for p in side:
+            key = p.resolve()
+            if key in seen:
+                raise RunError(f"{p} is listed twice as a replicate of one side ({seen[key]} and {p}); each run once")
+            seen[key] = p
+    old_set = {p.resolve(): p for p in old}
+    for side in candidates:
+        for p in side:
+            if p.resolve() in old_set:
+                raise RunError(f"{p} is given as both an old and a new run; an update compares two different runs")
+
+
+def _replicate_vectors(runs: list[dict], first: dict, task: str, filt: str, metric: str) -> list[list[float]]:
+    """Per replicate run (after the first), the task's correctness on `filt` in the first run's document order;
+    a replicate that scored other documents, or another way, is refused naming both files."""
+    out = []
+    for run in runs:
+        if task not in run:
+            raise RunError(f"{first[task].path} has task {task!r} but its replicate run does not "
+                           f"(tasks there: {', '.join(sorted(run))})")
+        check_same_setup(first[task], run[task], labels=(str(first[task].path), str(run[task].path)))
+        choose_metric(run[task], filt, metric)
+        keys = sorted(k for k in first[task].samples if k[0] == filt)
+        out.append([run[task].samples[k].metrics[metric] for k in keys])
+    return out
+
+
+def _pair_means(entry: dict, olds: list[list[float]], news: list[list[float]]) -> None:
+    """With replicates, the entry's flip metrics become means over every (old run, new run) pair; the item-level
+    tests of one pair (McNemar, binomial intervals) would treat churn as signal, so they are dropped."""
+    pairs = [flip_metrics(o, n, n_boot=1) for o in olds for n in news]
+    for key in ("old_acc", "new_acc", "nfr", "pfr", "btc", "n_negative_flips", "n_positive_flips"):
+        values = [p[key] for p in pairs if p[key] is not None]
+        entry[key] = sum(values) / len(values) if values else None
+    entry.update(nfr_mc=None, mcnemar_p=None, pfr_ci=None, nfr_ci=tuple(entry["replicates"]["nfr_ci"]))
+
+
+def _is_churn(entry: dict, samples: list, alpha: float) -> dict | None:
+    """Chance churn of a multiple-choice task: is the old model above chance (`replicates.chance_rate`)? None for
+    a task that is not multiple choice."""
+    if "metric" not in entry or any(s.n_choices is None for s in samples):
+        return None
+    chance = chance_rate([s.n_choices for s in samples], [s.target for s in samples])
+    n = entry["n"]
+    p = above_chance_p(round(entry["old_acc"] * n), n, chance)
+    return {"chance": chance, "old_acc": entry["old_acc"], "p_above_chance": p, "churn": p >= alpha}
+
+
+def _flag_tasks(tasks: dict[str, dict], alpha: float, include_churn: bool) -> None:
+    """Benjamini–Hochberg over the tasks' regression tests (churn tasks left out unless `include_churn`): each
+    tested entry gets `regression` = {p, p_bh, flagged}."""
+    names = [k for k, e in tasks.items() if "replicates" in e and (include_churn or not (e.get("churn") or {})
+                                                                    .get("churn"))]
+    flagged, adjusted = benjamini_hochberg([tasks[k]["replicates"]["p_value"] for k in names], alpha)
+    for name, f, p in zip(names, flagged, adjusted):
+        r = tasks[name]["replicates"]
+        tasks[name]["regression"] = {"tested": r["tested"], "p": r["p_value"], "p_bh": p,
+                                     "flagged": bool(f and r["estimate"] > 0)}
+
+
 def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: str | None = None,
-                 compatible_path=None, n_boot: int = 2000, seed: int = 0) -> dict:
+                 compatible_path=None, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
+                 include_churn: bool = False) -> dict:
     """Compare two lm-eval runs; returns `{"tasks": {name: metrics}}` (name = task, or `task,filter` for
-    tasks logged with several filters). `new_path` may be a list of runs, each compared with the old one: then
-    the names are `task [run]` (`run` = the run's folder or file name) in one report. Raises `RunError` for
-    anything that does not match."""
+    tasks logged with several filters).
+
+    `old_path` may be a list of runs: replicates of the old side (training seeds, repeated sampled evaluations).
+    `new_path` may be a list of runs, each a candidate compared with the old side (then the names are
+    `task [run]`); a candidate that is itself a list is replicates of one new model. With replicates on any side a
+    task's entry has `replicates` (`replicates.replicate_flips`: noise floor, excess NFR, run-level interval,
+    minimum detectable effect) and its flip metrics are means over every (old, new) pair. Every entry with a 0/1
+    metric gets `churn` (multiple choice: is the old model above chance?) and `regression` (Benjamini–Hochberg
+    across the candidate's tasks at `alpha`, churn tasks left out unless `include_churn`); `overall[label]` pools
+    the tasks that are not churn. Raises `RunError` for anything that does not match."""
     if similarity is not None:
         get_similarity(similarity)  # unknown name: fail before reading anything
-    new_paths = list(new_path) if isinstance(new_path, (list, tuple)) else [new_path]
-    old = read_run(old_path)
+    olds = _side(old_path)
+    raw = list(new_path) if isinstance(new_path, (list, tuple)) else [new_path]
+    candidates = [_side(p) for p in raw]
+    _check_runs_distinct(olds, candidates)
+    old = read_run(olds[0])
+    old_replicates = [read_run(p) for p in olds[1:]]
     compat = read_run(compatible_path) if compatible_path is not None else None
     if compat is not None and set(compat) != set(old):
         raise RunError(f"the compatible run {compatible_path} has tasks {sorted(compat)}, expected {sorted(old)}")
-    labels = [Path(p).name for p in new_paths]
+    labels = [c[0].name for c in candidates]
     if len(set(labels)) < len(labels):  # runs in folders of the same name: number them instead
-        labels = [f"new{i + 1}" for i in range(len(new_paths))]
-    tasks = {}
-    for path, label in zip(new_paths, labels):
-        new = read_run(path)
+        labels = [f"new{i + 1}" for i in range(len(candidates))]
+    tasks, overall = {}, {}
+    for paths, label in zip(candidates, labels):
+        new = read_run(paths[0])
         if set(old) != set(new):
-            raise RunError(f"the runs have different tasks: only in {old_path}: {sorted(set(old) - set(new))}, "
-                           f"only in {path}: {sorted(set(new) - set(old))}")
+            raise RunError(f"the runs have different tasks: only in {olds[0]}: {sorted(set(old) - set(new))}, "
+                           f"only in {paths[0]}: {sorted(set(new) - set(old))}")
+        new_replicates = [read_run(p) for p in paths[1:]]
+        mine = {}
         for task in sorted(old):
             per_filter = compare_task(old[task], new[task], similarity=similarity, metric=metric,
                                       compatible=None if compat is None else compat[task], n_boot=n_boot, seed=seed)
             for filt, entry in per_filter.items():
+                if "metric" in entry:
+                    o = [entry["_correct"][0], *_replicate_vectors(old_replicates, old, task, filt, entry["metric"])]
+                    n = [entry["_correct"][1], *_replicate_vectors(new_replicates, new, task, filt, entry["metric"])]
+                    entry["replicates"] = replicate_flips(o, n, level=1 - alpha)
+                    entry["_runs"] = (o, n)
+                    if len(o) > 1 or len(n) > 1:
+                        _pair_means(entry, o, n)
+                    entry["churn"] = _is_churn(entry, entry["_samples"][0], alpha)
                 name = task if len(per_filter) == 1 else f"{task},{filt}"
-                tasks[name if len(new_paths) == 1 else f"{name} [{label}]"] = entry
-        del new  # one new run in memory at a time
-    return {"old": str(old_path), "new": str(new_paths[0]) if len(new_paths) == 1 else [str(p) for p in new_paths],
-            "compatible": None if compatible_path is None else str(compatible_path), "tasks": tasks}
+                mine[name if len(candidates) == 1 else f"{name} [{label}]"] = entry
+        _flag_tasks(mine, alpha, include_churn)
+        pooled = [e["_runs"] for e in mine.values() if "_runs" in e and (include_churn or not (e.get("churn") or {})
+                                                                          .get("churn"))]
+        if pooled and sum("_runs" in e for e in mine.values()) > 1:
+            import numpy as np
+
+            overall[label] = {"tasks": len(pooled), **replicate_flips(np.concatenate([p[0] for p in pooled], 1),
+                                                                      np.concatenate([p[1] for p in pooled], 1),
+                                                                      level=1 - alpha)}
+        tasks.update(mine)
+        del new, new_replicates  # one candidate in memory at a time
+    return {"old": str(olds[0]) if len(olds) == 1 else [str(p) for p in olds],
+            "new": str(candidates[0][0]) if len(candidates) == 1 and len(candidates[0]) == 1
+            else [str(c[0]) if len(c) == 1 else [str(p) for p in c] for c in candidates],
+            "runs": {"old": len(olds), "new": [len(c) for c in candidates]},
+            "compatible": None if compatible_path is None else str(compatible_path), "alpha": alpha,
+            "include_churn": include_churn, "tasks": tasks, "overall": overall}

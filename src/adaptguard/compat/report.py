@@ -37,17 +37,51 @@ def _fmt(value, pct=False) -> str:
         return "–"
     if isinstance(value, (tuple, list)):
         return f"[{_fmt(value[0], pct)}, {_fmt(value[1], pct)}]"
-    return f"{100 * value:.2f}" if pct else f"{value:.4g}"
+    return f"{100 * value:.1f}" if pct else f"{value:.3g}"
 
+
+def _pct(value, count=None) -> str:
+    """A rate in % with one decimal, and the count behind it where there is one (a mean over run pairs keeps one
+    decimal)."""
+    if value is None:
+        return "–"
+    if count is None:
+        return f"{100 * value:.1f}"
+    return f"{100 * value:.1f} ({count:.0f})" if float(count).is_integer() else f"{100 * value:.1f} ({count:.1f})"
+
+
+def _p(value) -> str:
+    return "–" if value is None else f"{value:.2g}"
+
+
+LEGEND = ("NFR: negative flips, right before and wrong after; PFR: positive flips, wrong → right; BTC: share of the "
+          "old model's right answers kept; incons.: wrong answers that changed (multiple choice);",
+          "noise floor: the NFR between reruns of one model (replicates); excess NFR = NFR − noise floor; MDE: the "
+          "smallest change the items (and runs) detect at 80 % power; rates in %, (counts), [95 % intervals].")
 
 # the table column that shows each gated metric (acc_drop: the new accuracy)
-GATE_COLUMNS = {"old_acc": "old acc", "new_acc": "new acc", "acc_drop": "new acc", "nfr": "NFR %", "pfr": "PFR %",
-                "nfr_mc": "NFR_mc %", "btc": "BTC", "smooth_nfr": "smooth NFR %", "smooth_pfr": "smooth PFR %",
-                "m_g": "m_g", "m_r": "m_r", "delta_nfr": "ΔNFR_c"}
+GATE_COLUMNS = {"old_acc": "acc old → new", "new_acc": "acc old → new", "acc_drop": "acc old → new",
+                "nfr": "NFR %", "pfr": "PFR %", "nfr_mc": "incons. %", "btc": "BTC %", "excess_nfr": "excess NFR %",
+                "smooth_nfr": "smooth NFR %", "smooth_pfr": "smooth PFR %", "m_g": "m_g", "m_r": "m_r",
+                "delta_nfr": "ΔNFR_c"}
+
+
+def _verdict(e: dict) -> str:
+    churn = e.get("churn") or {}
+    if churn.get("churn"):
+        return "churn (old at chance)"
+    reg = e.get("regression")
+    if reg is None:
+        return "–"
+    return "REGRESSION" if reg["flagged"] else "no regression seen"
 
 
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
-    header = ["task", "n", "old acc", "new acc", "NFR %", "NFR 95% CI", "PFR %", "NFR_mc %", "BTC", "McNemar p"]
+    replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report["tasks"].values())
+    header = ["task", "n", "acc old → new", "NFR %", "NFR 95% CI", "PFR %", "incons. %", "BTC %"]
+    header += ["runs", "noise floor %", "excess NFR %", "excess 95% CI", "MDE %", "p (BH)"] if replicated \
+        else ["McNemar p", "MDE %"]
+    header.append("verdict")
     smooth = any("similarity" in e for e in report["tasks"].values())
     compat = report.get("compatible") is not None
     if smooth:
@@ -57,21 +91,82 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     breached = {(b["task"], b["metric"]) for b in (report.get("gate") or {}).get("breaches", [])}
     rows = []
     for name, e in report["tasks"].items():
-        row = [name, str(e["n"]), _fmt(e.get("old_acc")), _fmt(e.get("new_acc")), _fmt(e.get("nfr"), True),
-               _fmt(e.get("nfr_ci"), True), _fmt(e.get("pfr"), True), _fmt(e.get("nfr_mc"), True),
-               _fmt(e.get("btc")), _fmt(e.get("mcnemar_p"))]
+        r = e.get("replicates") or {}
+        reg = e.get("regression") or {}
+        acc = "–" if e.get("old_acc") is None else f"{100 * e['old_acc']:.1f} → {100 * e['new_acc']:.1f}"
+        row = [name, str(e["n"]), acc, _pct(e.get("nfr"), e.get("n_negative_flips")), _fmt(e.get("nfr_ci"), True),
+               _pct(e.get("pfr"), e.get("n_positive_flips")), _pct(e.get("nfr_mc")), _pct(e.get("btc"))]
+        if replicated:
+            fixed = r.get("runs_fixed", True)
+            row += ["–" if not r else f"{r['runs'][0]}+{r['runs'][1]}", _pct(r.get("noise_floor")),
+                    _pct(r.get("excess_nfr")), "–" if fixed else _fmt(r["ci"], True),
+                    "–" if not r else _pct(r["mde"]),
+                    "–" if not reg else f"{_p(reg['p'])} ({_p(reg['p_bh'])})"]
+        else:
+            row += [_p(e.get("mcnemar_p")), "–" if not r else _pct(r["mde"])]
+        row.append(_verdict(e))
         if smooth:
-            row += [e.get("similarity", "–"), _fmt(e.get("smooth_nfr"), True), _fmt(e.get("smooth_pfr"), True),
+            row += [e.get("similarity", "–"), _pct(e.get("smooth_nfr")), _pct(e.get("smooth_pfr")),
                     _fmt(e.get("m_g")), _fmt(e.get("m_r"))]
         if compat:
             key = "delta_nfr" if "delta_nfr" in e else "delta_smooth_nfr"
-            row += [_fmt(e.get(key), True), _fmt(e.get(f"{key}_pct"))]
+            row += [_pct(e.get(key)), _fmt(e.get(f"{key}_pct"))]
         for task, metric in breached:
             column = GATE_COLUMNS.get(metric, GATE_COLUMNS["delta_nfr"] if metric.startswith("delta_") else None)
             if task == name and column in header:
                 row[header.index(column)] += " (!)"  # a --fail-on breach
         rows.append(row)
     return header, rows
+
+
+def task_sentence(name: str, e: dict) -> str:
+    """What happened on one task, in one sentence a user can act on."""
+    if e.get("old_acc") is None:
+        return f"{name}: smooth NFR {_pct(e.get('smooth_nfr'))} %, smooth PFR {_pct(e.get('smooth_pfr'))} % " \
+               f"({e.get('similarity')})."
+    r = e.get("replicates") or {}
+    diff = 100 * (e["new_acc"] - e["old_acc"])
+    churn = e.get("churn") or {}
+    if r and not r["runs_fixed"]:
+        lo, hi = r["acc_diff_ci"]
+        sig = "significant" if lo > 0 or hi < 0 else "not significant"
+        out = (f"{name}: accuracy {diff:+.1f} points ({sig} over {r['runs'][0]}+{r['runs'][1]} runs); NFR "
+               f"{_pct(e['nfr'])} % against a noise floor of {_pct(r['noise_floor'])} % between reruns: excess "
+               f"{100 * r['excess_nfr']:+.1f} points (95 % CI {100 * r['ci'][0]:+.1f} to {100 * r['ci'][1]:+.1f})")
+        reg = e.get("regression")
+        if reg and reg["flagged"]:
+            out += f", a regression beyond rerun noise (p {_p(reg['p'])}, {_p(reg['p_bh'])} after BH)."
+        else:
+            out += f", within rerun noise; an excess of {_pct(r['mde'])} points would have been seen."
+    else:
+        p = e.get("mcnemar_p")
+        sig = "not tested" if p is None else "significant" if p < 0.05 else "not significant"
+        out = (f"{name}: accuracy {diff:+.1f} points ({sig}, McNemar p {_p(p)}); {e['n_negative_flips']:.0f} "
+               f"answers broke (NFR {_pct(e['nfr'])} %), {e['n_positive_flips']:.0f} were fixed "
+               f"(PFR {_pct(e['pfr'])} %).")
+    if churn.get("churn"):
+        out += (f" The old model is not above chance ({100 * churn['old_acc']:.1f} % vs {100 * churn['chance']:.1f} %,"
+                f" p {_p(churn['p_above_chance'])}): these flips are churn, left out of the gate.")
+    return out
+
+
+def runs_line(report: dict) -> str | None:
+    runs = report.get("runs") or {}
+    if runs and runs.get("old", 1) == 1 and all(n == 1 for n in runs.get("new", [1])):
+        return ("Run-to-run variance was not measured (one run per side): give replicate runs as OLD1,OLD2 "
+                "NEW1,NEW2 to measure flips against the noise floor of reruns.")
+    return None
+
+
+def overall_lines(report: dict) -> list[str]:
+    lines = []
+    for label, o in (report.get("overall") or {}).items():
+        what = "excess NFR" if not o["runs_fixed"] else "NFR − PFR"
+        lines.append(f"overall{'' if len(report['overall']) == 1 else f' [{label}]'} ({o['tasks']} task{'s' * (o['tasks'] > 1)}, "
+                     f"{o['n']} items, churn tasks {'in' if report.get('include_churn') else 'out'}): NFR "
+                     f"{_pct(o['nfr'])} %, {what} {100 * o['estimate']:+.1f} points (95 % CI "
+                     f"{100 * o['ci'][0]:+.1f} to {100 * o['ci'][1]:+.1f}, p {_p(o['p_value'])}).")
+    return lines
 
 
 def flip_lines(report: dict, markdown: bool = False) -> list[str]:
@@ -91,28 +186,37 @@ def flip_lines(report: dict, markdown: bool = False) -> list[str]:
     return lines
 
 
+def _explained(report: dict) -> list[str]:
+    return [*(task_sentence(n, e) for n, e in report["tasks"].items()), *overall_lines(report),
+            *filter(None, [runs_line(report)])]
+
+
 def to_text(report: dict) -> str:
     header, rows = table_rows(report)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows), *flip_lines(report)])
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows), "", *_explained(report), "",
+                      *LEGEND, *flip_lines(report)])
+
+
+def _names(side) -> str:
+    if isinstance(side, str):
+        return f"`{side}`"
+    return ", ".join(_names(x) if isinstance(x, str) else "(" + ", ".join(f"`{y}`" for y in x) + ")" for x in side)
 
 
 def to_markdown(report: dict) -> str:
     header, rows = table_rows(report)
-    new = report["new"] if isinstance(report["new"], str) else "`, `".join(report["new"])
-    lines = [f"# Compatibility: `{report['old']}` → `{new}`", "",
-             "NFR/PFR = negative/positive flip rate, NFR_mc = inconsistency flips, BTC = backward trust "
-             "compatibility (paper 002 §3); McNemar = exact test on the discordant pairs.", "",
+    lines = [f"# Compatibility: {_names(report['old'])} → {_names(report['new'])}", "", *LEGEND, "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["", *(f"- {x}" for x in _explained(report))]
     gate = report.get("gate")
     if gate is not None:
-        lines += ["", f"**Gate: {'passed' if gate['passed'] else 'FAILED'}** ({', '.join(f'`{t}`' for t in gate['thresholds'])}"
-                  + (f"; a breach counts at p < {gate['significance']}" if gate["significance"] is not None else "")
-                  + "). Breaching cells are marked (!)."]
-        lines += [f"- {b['task']}: {b['metric']} = {b['value']:.4g} {b['op']} {b['threshold']:g}"
-                  + ("" if b["p_value"] is None else f" (p = {b['p_value']:.3g})") for b in gate["breaches"]]
+        from .gate import describe
+
+        first, *rest = describe(gate).splitlines()
+        lines += ["", "**G" + first[1:] + "**", *(f"- {x.strip()}" for x in rest)]
     if report.get("negative_flips"):
         lines += ["", "## Negative flips (right before, wrong after)", *flip_lines(report, markdown=True)]
     return "\n".join(lines) + "\n"

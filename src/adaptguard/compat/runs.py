@@ -33,6 +33,7 @@ class Sample:
     metrics: dict[str, float]  # the numeric per-sample metrics (NaN kept: it is refused where it is used)
     where: str = ""  # file:line (or the in-memory source) for messages
     other_metrics: dict[str, object] = field(default_factory=dict)  # listed metrics that are not numbers
+    n_choices: int | None = None  # a multiple-choice item's number of choices (for its chance rate)
 
 
 @dataclass
@@ -165,11 +166,11 @@ def _add_typed_sample(samples: dict[tuple[str, int], Sample], where: str, rec, n
             metrics[name] = float(value)
         elif value is not msgspec.UNSET:
             other[name] = value
-    answer = None
+    answer = n_choices = None
     try:
         lls = [ll for ll, _ in _CHOICE_LOGLIKELIHOODS.decode(rec.filtered_resps)]
         if lls and math.isfinite(sum(lls)):
-            answer = lls.index(max(lls))
+            answer, n_choices = lls.index(max(lls)), len(lls)
     except msgspec.ValidationError:  # a generation, or something `prediction` will name
         pass
     if answer is None:
@@ -178,7 +179,7 @@ def _add_typed_sample(samples: dict[tuple[str, int], Sample], where: str, rec, n
     if key in samples:
         raise RunError(f"{where}: doc_id {key[1]} appears twice for filter {key[0]!r}")
     samples[key] = Sample(rec.doc_id, rec.filter, rec.doc_hash, rec.target_hash, rec.prompt_hash, rec.target,
-                          answer, metrics, where, other)
+                          answer, metrics, where, other, n_choices)
 
 
 def _add_sample(samples: dict[tuple[str, int], Sample], where: str, rec: dict) -> None:
@@ -193,8 +194,10 @@ def _add_sample(samples: dict[tuple[str, int], Sample], where: str, rec: dict) -
                     metrics[name] = float(value)
                 else:
                     other[name] = value
+        response = rec["filtered_resps"]
         sample = Sample(key[1], key[0], rec.get("doc_hash"), rec.get("target_hash"), rec.get("prompt_hash"),
-                        rec.get("target"), prediction(rec["filtered_resps"], where), metrics, where, other)
+                        rec.get("target"), prediction(response, where), metrics, where, other,
+                        len(response) if _is_choice_response(response) else None)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise RunError(f"{where}: not an lm-eval sample record ({err!r} missing or malformed; expected "
                        "doc_id, filtered_resps)") from err
@@ -212,15 +215,19 @@ def samples_from_records(records) -> dict[tuple[str, int], Sample]:
     return samples
 
 
+def _is_choice_response(response) -> bool:
+    """A multiple-choice response: a non-empty list of (loglikelihood, is_greedy) pairs."""
+    return type(response) in _SEQUENCES and bool(response) and set(map(type, response)) <= _SEQUENCES \
+        and set(map(len, response)) == {2}
+
+
 def prediction(response, where: str = ""):
     """The model's answer in an lm-eval response (`filtered_resps`, or `results` in `process_results`): the
     index of the largest log-likelihood for multiple choice (a list of (loglikelihood, is_greedy) pairs;
     the first maximum, as lm-eval's `acc`), else the first generated string ("" for an empty response);
     None when the response is neither. A non-finite log-likelihood is refused (a NaN would silently pick a
     choice), naming `where` (file:line). This runs for every sample read: C-level checks, one pass."""
-    kind = type(response)
-    if (kind is list or kind is tuple) and response and set(map(type, response)) <= _SEQUENCES \
-            and set(map(len, response)) == {2}:
+    if _is_choice_response(response):
         try:
             lls = [float(ll) for ll, _ in response]
         except (TypeError, ValueError):
