@@ -112,6 +112,11 @@ def test_pick_by_the_rule_no_test_item_first_and_resume_after_a_kill(tmp_path, e
         nfr = sum(sum(o and not c for o, c in zip(v1_test, cs)) / len(cs) for cs in per_seed) / 2
         assert report["test"]["arms"][arm]["new_acc"] == pytest.approx(acc)
         assert report["test"]["arms"][arm]["nfr"] == pytest.approx(nfr)
+    # the noise floor: the control's answers that flip right → wrong between its own two seeds, both directions
+    c0, c1 = (test[f"{best_control} seed {s}"] for s in (0, 1))
+    floor = sum((a and not b) + (b and not a) for a, b in zip(c0, c1)) / (2 * len(c0))
+    assert report["test"]["control_noise_floor"] == pytest.approx(floor)
+    assert f"flips {100 * floor:.1f} % of the items right → wrong" in report["verdict"]
     assert ("verdict" in report) and report["verdict"].startswith("ship ")
     assert report["verdict"] in (out / "report.md").read_text()
     assert (out / "dev_tradeoff.png").stat().st_size > 5000
@@ -119,7 +124,7 @@ def test_pick_by_the_rule_no_test_item_first_and_resume_after_a_kill(tmp_path, e
     # the shipped adapter is the pick's, seed 0, at its epoch
     choice = json.loads((out / "chosen" / "adaptguard_choice.json").read_text())
     assert choice["setting"] == {k: v for k, v in report["dev"]["chosen_setting"].items()
-                                 if k not in ("label", "acc", "nfr", "pfr", "btc")}
+                                 if k not in ("label", "acc", "nfr", "pfr", "btc", "seeds")}
     runs = [d for d in (out / "steps").glob(f"run_{choice['setting']['recipe']}_*")
             if json.loads((d / "done.json").read_text())["seed"] == 0]
     shipped = (out / "chosen" / "adapter_model.safetensors").read_bytes()
@@ -130,6 +135,23 @@ def test_pick_by_the_rule_no_test_item_first_and_resume_after_a_kill(tmp_path, e
     n_trained, n_reads = len(trained), len(reads)
     again = run_update(cfg)
     assert (len(trained), len(reads)) == (n_trained, n_reads) and again["verdict"] == report["verdict"]
+
+
+def test_dev_seeds_average_each_setting_over_seeds(tmp_path, embedded_path):
+    """`dev_seeds` 2: every setting's dev accuracy and NFR are the means of its two seeds' stored scores."""
+    from adaptguard.update import run_update
+
+    cfg = toy_config(tmp_path, candidates=[{"recipe": "control", "learning_rate": [2e-3], "epochs": [1]},
+                                           {"recipe": "kd", "learning_rate": [2e-3], "epochs": [1]}], dev_seeds=2)
+    report = run_update(cfg)
+    dev = stored_scores(tmp_path / "out", "dev")
+    assert report["dev"]["dev_seeds"] == [0, 1] and "means over 2 seeds" in report["dev"]["rule"]
+    for row in report["dev"]["settings"]:
+        runs = [dev[f"{row['label']} seed {s}"] for s in (0, 1)]
+        acc = sum(sum(r) / len(r) for r in runs) / 2
+        nfr = sum(sum(o and not c for o, c in zip(dev["v1"], r)) / len(r) for r in runs) / 2
+        assert (row["acc"], row["nfr"], row["seeds"]) == (pytest.approx(acc), pytest.approx(nfr), 2)
+    assert "Seed noise was not measured (one test seed)" in report["verdict"]
 
 
 def test_the_rule_compares_at_matched_accuracy():

@@ -245,6 +245,10 @@ def _update(ns: argparse.Namespace) -> int:
     cfg = tiny_preset(ns.out or "update-out") if ns.preset else UpdateConfig.from_file(ns.config)
     if ns.out and not ns.preset:
         cfg.output_dir = ns.out
+    if ns.dev_seeds is not None:
+        if cfg.dev is None:
+            raise ValueError("--dev-seeds averages the pick's dev scores over seeds: it needs a dev split (set dev)")
+        cfg.dev_seeds = ns.dev_seeds
     if cfg.dev is not None:  # the pick: --seeds N tests the pick and the control over seeds 0..N-1
         if ns.seeds is not None:
             cfg.test_seeds = seeds
@@ -528,7 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     upd.add_argument("--out", help="output directory (overrides the config's output_dir)")
     upd.add_argument("--seeds", type=int, help="repeat over seeds 0..N-1 (the preset also re-draws its split) and "
                      "report mean and min-max: toy results move with the CPU's float noise; with a dev split, test "
-                     "the pick and the control over these seeds")
+                     "the pick and the control over these seeds (two or more measure seed noise)")
+    upd.add_argument("--dev-seeds", type=positive_int, help="with a dev split: average each candidate setting's dev "
+                     "scores over this many seeds before the pick (default 1; cost grows with it)")
     upd.set_defaults(func=_update)
     drift = sub.add_parser("drift", help="Task-similarity drift (paper 000): the Theorem A2 bound, the synthetic "
                            "experiment, r-similarity corruption, prompt styles, drift risk.")

@@ -67,7 +67,7 @@ def min_detectable_effect(se: float, df: float, alpha: float = 0.05, power: floa
 
     if not se > 0:
         return 0.0
-    if math.isinf(df):
+    if df > 1e4:  # (or infinite) the normal test, within 1e-4 of t's, where the noncentral t is unstable
         return float((norm.ppf(1 - alpha / 2) + norm.ppf(power)) * se)
     crit = t_quantile(1 - alpha / 2, df)
     ncp = brentq(lambda d: nct.sf(crit, df, d) - power, 0.0, 100.0 + 10 * crit)
@@ -108,7 +108,8 @@ def crossed_variance(per_item, deleted: list[np.ndarray]) -> tuple[float, float,
     terms = v_items ** 2 / max(n - 1, 1)
     if df_runs:
         terms += v_runs ** 2 / df_runs + v_churn ** 2 / (df_runs * max(n - 1, 1))
-    df = variance ** 2 / terms if terms > 0 else math.inf
+    # at least 1: with the churn subtracted, Satterthwaite's formula can fall below any of its terms' df
+    df = max(1.0, variance ** 2 / terms) if terms > 0 else math.inf
     return variance, float(df), {"v_items": v_items, "v_runs": v_runs, "v_churn": v_churn}
 
 

@@ -24,6 +24,7 @@ class UpdateConfig:
     candidates: list = field(default_factory=list)  # [] with dev: `default_candidates()` at the compat_* settings
     max_accuracy_drop: float = 0.01  # a setting is eligible if its dev accuracy ≥ the best control's − this
     test_seeds: list = field(default_factory=list)  # seeds of the test stage's pick and control ([] = [seed])
+    dev_seeds: int = 1  # the pick averages each setting's dev scores over seeds seed, seed + 1, … (cost × dev_seeds)
     output_dir: str = "update-out"
     split_train: str = "train"
     split_dev: str = "validation"
@@ -73,7 +74,7 @@ class UpdateConfig:
             if types and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
                 raise ValueError(f"{f.name} must be {' or '.join(allowed)}, got {value!r}")
         check_finite(self, [f.name for f in dataclasses.fields(self) if "float" in str(f.type)])
-        for name in ("lora_r", "lora_alpha", "batch_size", "max_length", "max_new_tokens"):
+        for name in ("lora_r", "lora_alpha", "batch_size", "max_length", "max_new_tokens", "dev_seeds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         for name in ("task_learning_rate", "task_epochs", "compat_learning_rate", "compat_epochs", "temperature"):

@@ -186,16 +186,20 @@ class Pick:
 
         self.prepare()
         v1, v2 = self.v1_scores("dev"), self.v2_scores("dev")
+        seeds = self.dev_seeds()
         rows = []
-        for setting in self.settings:
-            got = self.setting_scores(setting, self.cfg.seed, "dev")
-            m = flip_metrics(v1["correct"], got["correct"], seed=self.cfg.seed)
-            rows.append({**setting.as_dict(), "label": setting.label(), "acc": m["new_acc"], "nfr": m["nfr"],
-                         "pfr": m["pfr"], "btc": m["btc"]})
+        for setting in self.settings:  # each setting's dev scores, averaged over the dev seeds
+            ms = [flip_metrics(v1["correct"], self.setting_scores(setting, s, "dev")["correct"], seed=self.cfg.seed)
+                  for s in seeds]
+            mean = {k: sum(m[k] for m in ms) / len(ms) if all(m[k] is not None for m in ms) else None
+                    for k in ("new_acc", "nfr", "pfr", "btc")}
+            rows.append({**setting.as_dict(), "label": setting.label(), "acc": mean["new_acc"], "nfr": mean["nfr"],
+                         "pfr": mean["pfr"], "btc": mean["btc"], "seeds": len(seeds)})
         rule = pick_setting(rows, self.cfg.max_accuracy_drop)
         v2m = flip_metrics(v1["correct"], v2["correct"], seed=self.cfg.seed)
         choices = {"rule": f"lowest dev NFR among settings with dev accuracy ≥ the best control's − "
-                           f"{self.cfg.max_accuracy_drop:g}", **rule,
+                           f"{self.cfg.max_accuracy_drop:g}" + (f" (means over {len(seeds)} seeds)" if len(seeds) > 1
+                                                                else ""), **rule, "dev_seeds": seeds,
                    "chosen_setting": rows[rule["chosen"]], "best_control_setting": rows[rule["best_control"]],
                    "v1_dev_acc": v2m["old_acc"], "v2_dev_acc": v2m["new_acc"], "v2_dev_nfr": v2m["nfr"],
                    "n_dev": len(self.rows["dev"]), "settings": rows}
@@ -206,8 +210,15 @@ class Pick:
                  f"{rows[rule['best_control']]['nfr']:.3f})")
         return choices
 
+    def dev_seeds(self) -> list[int]:
+        return [self.cfg.seed + k for k in range(self.cfg.dev_seeds)]
+
     def test_stage(self, choices: dict) -> dict:
+        """The pick and the best control over the test seeds, against v1, at run level: Δ NFR and Δ accuracy with
+        intervals over seeds and items (`replicates.paired_runs_difference`), per-seed McNemar, and the noise floor —
+        how many of the control's answers flip right → wrong between two of its own seeds."""
         from ..compat.metrics import flip_indicators, flip_metrics, paired_seeds_difference
+        from ..compat.replicates import paired_runs_difference, replicate_flips
 
         chosen, control = self.settings[choices["chosen"]], self.settings[choices["best_control"]]
         seeds = self.cfg.test_seeds or [self.cfg.seed]
@@ -223,12 +234,16 @@ class Pick:
         comparison = None
         if "pick" in correct:
             nfr = {arm: [flip_indicators(v1["correct"], c)["nfr"] for c in runs] for arm, runs in correct.items()}
-            d_nfr = paired_seeds_difference(nfr["pick"], nfr["control"], seed=self.cfg.seed)
-            d_acc = paired_seeds_difference(correct["pick"], correct["control"], seed=self.cfg.seed)
-            comparison = {"delta_nfr": d_nfr["diff"], "delta_nfr_ci": d_nfr["ci"], "per_seed": d_nfr["per_seed"],
-                          "delta_acc": d_acc["diff"], "delta_acc_ci": d_acc["ci"]}
+            d_nfr = paired_runs_difference(nfr["pick"], nfr["control"])
+            d_acc = paired_runs_difference(correct["pick"], correct["control"])
+            mcnemar = paired_seeds_difference(nfr["pick"], nfr["control"], n_boot=1)["per_seed"]
+            comparison = {"delta_nfr": d_nfr["diff"], "delta_nfr_ci": list(d_nfr["ci"]), "delta_nfr_se": d_nfr["se"],
+                          "delta_nfr_df": d_nfr["df"], "delta_nfr_mde": d_nfr["mde"], "per_seed": mcnemar,
+                          "delta_acc": d_acc["diff"], "delta_acc_ci": list(d_acc["ci"]),
+                          "runs_fixed": d_nfr["runs_fixed"]}
+        floor = replicate_flips(correct["control"], correct["control"])["noise_floor"] if len(seeds) > 1 else None
         return {"seeds": seeds, "v1_acc": sum(v1["correct"]) / len(v1["correct"]), "arms": summary,
-                "pick_vs_control": comparison, "n_test": len(self.rows["test"])}
+                "pick_vs_control": comparison, "control_noise_floor": floor, "n_test": len(self.rows["test"])}
 
     def ship(self, choices: dict) -> Path:
         """The pick's adapter (seed `cfg.seed`) as `output_dir/chosen/`, with the setting beside it."""
@@ -246,8 +261,17 @@ def _settings(row: dict) -> str:
     return row["label"].split(" (", 1)[1][:-1]
 
 
+def _noise(test: dict) -> str:
+    """What reruns alone do, or that it was not measured."""
+    if test.get("control_noise_floor") is None:
+        return (" Seed noise was not measured (one test seed): set test_seeds to two or more seeds to see how many "
+                "answers a rerun alone flips.")
+    return (f" Retraining the control with another seed alone flips {100 * test['control_noise_floor']:.1f} % of "
+            f"the items right → wrong (the noise floor over {len(test['seeds'])} seeds).")
+
+
 def verdict(choices: dict, test: dict) -> str:
-    """The report's one sentence."""
+    """The report's one sentence (and what seed noise amounts to)."""
     chosen, control = choices["chosen_setting"], choices["best_control_setting"]
     ctrl = test["arms"]["control"]
     if test["pick_vs_control"] is None:
@@ -256,16 +280,18 @@ def verdict(choices: dict, test: dict) -> str:
         why = (f" (lowest dev NFR among the others: {best['label']}, {best['nfr']:.3f} at dev accuracy "
                f"{best['acc']:.3f})" if best else "")
         return (f"ship the control ({_settings(control)}): no recipe beat it on dev{why}; on test its NFR is "
-                f"{ctrl['nfr']:.3f} at accuracy {ctrl['new_acc']:.3f}.")
+                f"{ctrl['nfr']:.3f} at accuracy {ctrl['new_acc']:.3f}." + _noise(test))
     c = test["pick_vs_control"]
     lo, hi = c["delta_nfr_ci"]
-    confirmed = ("the test confirms it" if hi < 0 else "the test does not confirm it (the CI contains 0)" if lo <= 0
-                 else "on test it broke MORE answers than the control")
+    over = "items only (one seed)" if c.get("runs_fixed") else f"over {len(test['seeds'])} seeds and the items"
+    confirmed = ("the test confirms it" if hi < 0 else
+                 "on test it broke MORE answers than the control" if lo > 0 else
+                 "within seed noise: the test does not confirm it (the interval contains 0)")
     p = ", ".join(f"{s['mcnemar_p']:.3g}" for s in c["per_seed"])
     return (f"ship `{chosen['recipe']}` ({_settings(chosen)}): NFR "
             f"{test['arms']['pick']['nfr']:.3f} vs control {ctrl['nfr']:.3f} on test, Δ {c['delta_nfr']:+.3f} "
-            f"(95% CI {lo:+.3f} to {hi:+.3f}; McNemar p {p}); accuracy {test['arms']['pick']['new_acc']:.3f} vs "
-            f"{ctrl['new_acc']:.3f}; {confirmed}.")
+            f"(95% CI {lo:+.3f} to {hi:+.3f}, {over}; McNemar p per seed {p}); accuracy "
+            f"{test['arms']['pick']['new_acc']:.3f} vs {ctrl['new_acc']:.3f}; {confirmed}." + _noise(test))
 
 
 def markdown(report: dict) -> str:
@@ -293,7 +319,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {arm} | {f(m['new_acc'])} | {f(m['nfr'])} | {f(m['pfr'])} | {f(m['btc'])} |")
     c = test["pick_vs_control"]
     if c:
-        lines += ["", f"Pick − control, item-paired over {len(test['seeds'])} seed(s): Δ NFR {c['delta_nfr']:+.3f} "
+        lines += ["", f"Pick − control over {len(test['seeds'])} seed(s), intervals over seeds and items: Δ NFR "
+                  f"{c['delta_nfr']:+.3f} "
                   f"(95% CI {c['delta_nfr_ci'][0]:+.3f} to {c['delta_nfr_ci'][1]:+.3f}), Δ accuracy "
                   f"{c['delta_acc']:+.3f} (95% CI {c['delta_acc_ci'][0]:+.3f} to {c['delta_acc_ci'][1]:+.3f}); "
                   "McNemar per seed: " + ", ".join(f"p {s['mcnemar_p']:.3g} ({s['n_a_only']} vs {s['n_b_only']} "
