@@ -6,6 +6,7 @@ compares (memory must grow linearly with the samples: compare the two sizes' `pe
     python benchmarks/bench_compare.py               # 100k multiple-choice samples per run, 3 repeats
     python benchmarks/bench_compare.py --n 200000 --repeats 5
     python benchmarks/bench_compare.py --large       # also 1,000,000 (two ~0.7 GB files in a temporary folder)
+    python benchmarks/bench_compare.py --n 20000 --replicates 1 2 4 8   # runs per side: cost linear in runs
 
 The synthetic files have lm-eval 0.4 `--log_samples` records (doc, arguments, 4-way log-likelihood
 responses, hashes, `acc`). Goal (issue 3): a few seconds for 100k.
@@ -57,7 +58,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--large", action="store_true", help="also 1,000,000 joined samples")
+    parser.add_argument("--replicates", type=int, nargs="+", help="time compare with this many runs per side "
+                        "(replicates: noise floor, run-level intervals) instead, at --n samples per run")
     args = parser.parse_args()
+    if args.replicates:
+        return replicates(args.n, args.replicates, args.repeats)
     from adaptguard.compat.compare import compare_runs
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,6 +101,28 @@ def main() -> None:
             print(f"compare_seconds_median: {statistics.median(times):.3f}")
             print(f"compare_seconds_per_100k: {statistics.median(times) / 10:.3f}")
             print(f"peak_rss_mib: {peak_rss_mib(old, new):.0f}")
+
+
+def replicates(n: int, counts: list[int], repeats: int) -> None:
+    """Seconds of `compare_runs` with R runs per side, and per run: flat when the cost is linear in the runs."""
+    from adaptguard.compat.compare import compare_runs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        top = max(counts)
+        olds = [write_run(Path(tmp) / "old", n, 10 + r, 0.3) for r in range(top)]
+        news = [write_run(Path(tmp) / "new", n, 100 + r, 0.25) for r in range(top)]
+        compare_runs(olds[:1], news[:1])  # imports, file cache
+        for r in counts:
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                report = compare_runs(olds[:r], [news[:r]])
+                times.append(time.perf_counter() - start)
+            e = report["tasks"]["bench_mc"]
+            floor = e["replicates"]["noise_floor"]
+            print(f"runs_per_side: {r}  compare_seconds_median: {statistics.median(times):.3f}  "
+                  f"seconds_per_run: {statistics.median(times) / (2 * r):.3f}  nfr: {e['nfr']:.4f}  noise_floor: "
+                  f"{'–' if floor is None else f'{floor:.4f}'}")
 
 
 def peak_rss_mib(old: Path, new: Path) -> float:

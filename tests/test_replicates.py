@@ -31,7 +31,7 @@ def brute_force(old, new):
     return np.mean(cross), (np.mean(within) if within else None)
 
 
-@pytest.mark.parametrize("r_old, r_new", [(1, 1), (1, 3), (2, 2), (3, 4), (5, 1)])
+@pytest.mark.parametrize("r_old, r_new", [(1, 1), (1, 2), (1, 3), (2, 2), (3, 4), (5, 1)])
 def test_noise_floor_and_excess_equal_the_pairwise_rates(r_old, r_new):
     rng = np.random.default_rng(r_old * 10 + r_new)
     old, new, _ = simulate_runs(rng, 300, r_old, r_new, drop=1.0, share=0.3)
@@ -50,6 +50,8 @@ def test_noise_floor_and_excess_equal_the_pairwise_rates(r_old, r_new):
         assert r["noise_floor"] == pytest.approx(floor) and r["excess_nfr"] == pytest.approx(cross - floor)
     for side, runs in (("new", r_new), ("old", r_old)):
         assert (f"spread_{side}" in r) == (runs >= 3)
+    # the runs' own variance is estimable when leaving any run out keeps a floor
+    assert r["run_level"] == (max(r_old, r_new) >= 3 or min(r_old, r_new) >= 2)
 
 
 def test_one_run_per_side_is_mcnemar():

@@ -193,7 +193,8 @@ def replicate_flips(old, new, *, level: float = 0.95, power: float = 0.8, method
                 groups.append(p["cross"] - p["floor"])
         return groups
 
-    var, df, var_parts = crossed_variance(tested, [] if runs_fixed else deleted("excess"))
+    groups = [] if runs_fixed else deleted("excess")
+    var, df, var_parts = crossed_variance(tested, groups)
     nfr_var, nfr_df, _ = crossed_variance(parts["cross"], deleted("cross"))
     acc_var, acc_df, _ = crossed_variance(parts["acc_diff"], deleted("acc_diff"))
     se, acc_se = math.sqrt(var), math.sqrt(acc_var)
@@ -221,7 +222,8 @@ def replicate_flips(old, new, *, level: float = 0.95, power: float = 0.8, method
         "acc_diff": float(parts["acc_diff"].mean()), "acc_diff_se": acc_se, "acc_diff_df": acc_df,
         "acc_diff_ci": t_interval(float(parts["acc_diff"].mean()), acc_se, acc_df, level),
         "acc_diff_mde": min_detectable_effect(acc_se, acc_df, 1 - level, power),
-        "runs_fixed": runs_fixed, "level": level, "method": method, "variance_parts": var_parts,
+        "runs_fixed": runs_fixed, "run_level": bool(groups), "level": level, "method": method,
+        "variance_parts": var_parts,
     }
     for side, values in (("new", out["nfr_per_new_run"]), ("old", out["nfr_per_old_run"])):
         if len(values) >= 3:

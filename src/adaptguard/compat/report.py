@@ -133,6 +133,9 @@ def task_sentence(name: str, e: dict) -> str:
         out = (f"{name}: accuracy {diff:+.1f} points ({sig} over {r['runs'][0]}+{r['runs'][1]} runs); NFR "
                f"{_pct(e['nfr'])} % against a noise floor of {_pct(r['noise_floor'])} % between reruns: excess "
                f"{100 * r['excess_nfr']:+.1f} points (95 % CI {100 * r['ci'][0]:+.1f} to {100 * r['ci'][1]:+.1f})")
+        if not r["run_level"]:
+            out += (" — over items only: with 1 + 2 runs the runs' own variance cannot be estimated (give a side "
+                    "3 runs, or each side 2)")
         reg = e.get("regression")
         if reg and reg["flagged"]:
             out += f", a regression beyond rerun noise (p {_p(reg['p'])}, {_p(reg['p_bh'])} after BH)."
