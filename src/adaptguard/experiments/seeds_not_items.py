@@ -1,5 +1,10 @@
 """Experiment E5 (issue 57, docs/preregistration.md § E5): seeds, not items.
 
+Part A (`--stage report`): E1–E4 re-decided from their committed records with run-level statistics
+(`compat.replicates`: intervals over seeds and items, Benjamini–Hochberg over each experiment's family with
+FCR-adjusted intervals, minimum detectable effects, chance churn), beside the registered verdicts; E4's trivial
+domain baselines and its per-task general flips. Writes `docs/results/e5_report.{json,md}`.
+
 Part B (`--stage runs`): E3's arms at their frozen dev choices on more seeds — U2 (continued training) and U1 (NF4)
 every arm, U3 (NF4, matrixshapes) the control and focal — through E3's own runner, so the rows, items, scoring and
 store keys are E3's. Before an update's new seeds, the rebuilt v1 and v2 task models are scored under names of
@@ -111,12 +116,306 @@ class E5Runs:
                 self.say(f"E5: {n} record file(s) exported to {self.export}")
 
 
+# ----------------------------------------------------------------------------------------- Part A: re-analysis
+E4_RECORDS, E5_RECORDS, E2_REPORT = Path("docs/results/e4_records"), Path("docs/results/e5_records"), \
+    Path("docs/results/e2_report.json")
+Q = 0.05  # the families' false discovery rate
+MARGIN = 0.02  # "not reproduced": the adjusted interval inside ±2 points
+
+
+def e5_verdict(lo: float, hi: float, margin: float = MARGIN) -> str:
+    """The registered run-level verdict of "A breaks fewer than B" from the adjusted interval of Δ NFR = A − B."""
+    if hi < 0:
+        return "reproduced"
+    if lo > 0:
+        return "contradicted"
+    return "not reproduced" if -margin <= lo and hi <= margin else "inconclusive"
+
+
+def e1_rule(lo: float, hi: float) -> str:
+    """E1's (and E2's, E4's H1) registered rule: half-width ≤ 5 points for "not reproduced"."""
+    if hi < 0:
+        return "reproduced"
+    if lo > 0:
+        return "contradicted"
+    return "not reproduced" if (hi - lo) / 2 <= 0.05 else "inconclusive"
+
+
+def decide_family(comparisons: list[dict], q: float = Q) -> float:
+    """BH at `q` over the family's two-sided p-values; each comparison gains `p_bh`, `selected`, the FCR-adjusted
+    `level` and its `adjusted_ci`, and `mde` at that level. Returns the level."""
+    from ..compat.replicates import benjamini_hochberg, fcr_level, min_detectable_effect, t_interval
+
+    selected, adjusted = benjamini_hochberg([c["p_value"] for c in comparisons], q)
+    level = fcr_level(q, sum(selected), len(comparisons))
+    for c, sel, p in zip(comparisons, selected, adjusted):
+        c.update(p_bh=p, selected=sel, level=level, adjusted_ci=list(t_interval(c["diff"], c["se"], c["df"], level)),
+                 mde=min_detectable_effect(c["se"], c["df"], 1 - level))
+    return level
+
+
+def _scores(roots: list[Path], rel: str, prefix: str) -> list[bool] | dict | None:
+    """The stored `scores.json` of the one step `rel/prefix*` found under the roots (None when absent)."""
+    found = {p.parent.name: p for root in roots for p in (root / rel).glob(f"{prefix}*/scores.json")}
+    if len(found) > 1:
+        raise ValueError(f"{rel}/{prefix}*: {len(found)} steps match ({sorted(found)}); expected one")
+    return json.loads(next(iter(found.values())).read_text()) if found else None
+
+
+def e3_reanalysis(roots: list[Path], seeds: range = range(8)) -> dict:
+    """E3's 12 recipe − control comparisons (4 recipes × 3 updates) at run level, over every seed stored for both."""
+    import numpy as np
+
+    from ..compat.metrics import flip_indicators
+    from ..compat.replicates import paired_runs_difference
+
+    choices = json.loads((E3_RECORDS / "e3" / "dev_choices.json").read_text())
+    registered = json.loads((E3_RECORDS / "e3" / "report.json").read_text())["updates"]
+    out, family = {}, []
+    for name, entry in choices.items():
+        rel = "scores/test" if name != "generative" else f"e3/generative/{entry['task']}/scores/test"
+        v1 = _scores(roots, rel, "v1_0.0003_") or _scores(roots, rel, "v1_0.0003")
+        runs = {}
+        for arm, c in entry["chosen"].items():
+            tag = f"e3_{entry['kind']}_{arm}_lr{c['learning_rate']:g}_ep{c['epochs']}_seed"
+            runs[arm] = {s: got for s in seeds if (got := _scores(roots, rel, f"{tag}{s}_")) is not None}
+        update = {"update": entry["update"], "task": entry["task"], "v1_test_acc": float(np.mean(v1)), "arms": {}}
+        for arm, by_seed in runs.items():
+            neg = {s: flip_indicators(v1, c)["nfr"] for s, c in by_seed.items()}
+            update["arms"][arm] = {"seeds": sorted(by_seed), "acc": float(np.mean([np.mean(c) for c in by_seed.values()])),
+                                   "nfr": float(np.mean([x.mean() for x in neg.values()])),
+                                   "per_seed_nfr": [float(neg[s].mean()) for s in sorted(neg)]}
+            if arm == "control":
+                continue
+            both = sorted(set(by_seed) & set(runs["control"]))
+            d_nfr = paired_runs_difference([neg[s] for s in both],
+                                           [flip_indicators(v1, runs["control"][s])["nfr"] for s in both])
+            d_acc = paired_runs_difference([by_seed[s] for s in both], [runs["control"][s] for s in both])
+            reg = registered[name]["arms"][arm]["vs_control"]
+            comparison = {"experiment": "E3", "update": entry["update"], "arm": arm, "seeds": both, **d_nfr,
+                          "acc_diff": d_acc["diff"], "acc_ci": list(d_acc["ci"]),
+                          "registered": {"verdict": reg["verdict"], "helps": reg["helps"], "diff": reg["delta_nfr"],
+                                         "ci": reg["delta_nfr_ci"]}}
+            update["arms"][arm]["vs_control"] = comparison
+            family.append(comparison)
+        out[name] = update
+    level = decide_family(family)
+    for c in family:
+        c["verdict"] = e5_verdict(*c["adjusted_ci"])
+        c["helps"] = c["verdict"] == "reproduced" and c["acc_ci"][0] > -MARGIN
+    return {"updates": out, "family": len(family), "level": level,
+            "helps": sorted({c["arm"] for c in family if c["helps"]})}
+
+
+def _general_rows() -> dict[str, list[dict]]:
+    """E2's and E4's general test rows per task (their registered splits)."""
+    from .talr_vs_sft import add_general_splits
+    from .talr_worked_answers import E4Config
+
+    return add_general_splits(E4Config(), {"dev": {}, "test": {}})["test"]
+
+
+def churn_tasks(base: dict[str, list[bool]], rows: dict[str, list[dict]], alpha: float = Q) -> dict[str, dict]:
+    """Per general task: the base model's test accuracy, chance (`replicates.chance_rate`) and the exact one-sided
+    test of "above chance"; `churn` where it fails."""
+    from ..compat.replicates import above_chance_p, chance_rate
+
+    out = {}
+    for task, correct in base.items():
+        items = rows[task]
+        chance = chance_rate([len(r["choices"]) for r in items], [r["choices"][r["label"]] for r in items])
+        p = above_chance_p(sum(correct), len(correct), chance)
+        out[task] = {"base_acc": sum(correct) / len(correct), "chance": chance, "p_above_chance": p,
+                     "churn": p >= alpha}
+    return out
+
+
+def e4_reanalysis(records: Path = E4_RECORDS) -> dict:
+    """E4 at run level: TALR − SFT and DFT − SFT on general NFR (the family), churn tasks left out (and kept, for
+    comparison); domain Δ accuracy; H1/H2 by E4's rules; per-task general flips; the trivial domain baselines."""
+    import numpy as np
+
+    from ..compat.metrics import flip_indicators
+    from ..compat.replicates import paired_runs_difference
+
+    test = records / "scores" / "test"
+    base = json.loads((test / "general" / "base" / "scores.json").read_text())
+    rows = _general_rows()
+    churn = churn_tasks(base, rows)
+    kept = [t for t in base if not churn[t]["churn"]]
+    arms = {}
+    for arm in ("SFT", "TALR", "DFT"):
+        arms[arm] = [(json.loads((test / "general" / f"{arm}_lr0.0001_seed{s}_set1" / "scores.json").read_text()),
+                      json.loads((test / "domain" / f"{arm}_lr0.0001_seed{s}_set1" / "scores.json").read_text())
+                      ["correct"]) for s in range(3)]
+
+    def negative(arm: str, tasks: list[str]) -> list[np.ndarray]:
+        return [np.concatenate([flip_indicators(base[t], g[t])["nfr"] for t in tasks]) for g, _ in arms[arm]]
+
+    per_task = {arm: {t: {"nfr": float(np.mean([flip_indicators(base[t], g[t])["nfr"].mean() for g, _ in arms[arm]])),
+                          "pfr": float(np.mean([flip_indicators(base[t], g[t])["pfr"].mean() for g, _ in arms[arm]]))}
+                      for t in base} for arm in arms}
+    registered = {c["arm"]: c for c in json.loads((records / "report.json").read_text())["comparisons"]}
+    family, both_ways = [], {}
+    for arm in ("TALR", "DFT"):
+        d = paired_runs_difference(negative(arm, kept), negative("SFT", kept))
+        dom = paired_runs_difference([c for _, c in arms[arm]], [c for _, c in arms["SFT"]])
+        every = paired_runs_difference(negative(arm, list(base)), negative("SFT", list(base)))
+        reg = registered[arm]
+        c = {"experiment": "E4", "arm": arm, "vs": "SFT", **d, "domain_diff": dom["diff"], "domain_ci": list(dom["ci"]),
+             "with_churn": {"diff": every["diff"], "ci": list(every["ci"]), "p_value": every["p_value"]},
+             "registered": {"h1": reg["h1_less_forgetting"], "h2": reg["h2_better_tradeoff"],
+                            "diff": reg["general_nfr"]["diff"], "ci": reg["general_nfr"]["ci"]}}
+        family.append(c)
+        both_ways[arm] = c
+    level = decide_family(family)
+    for c in family:
+        c["h1"] = e1_rule(*c["adjusted_ci"])
+        lo_dom = c["domain_ci"][0]
+        c["h2"] = ("reproduced" if c["h1"] == "reproduced" and lo_dom >= -0.05 else
+                   "not reproduced" if c["h1"] in ("not reproduced", "contradicted") or c["domain_ci"][1] < -0.05
+                   else "inconclusive")
+    return {"churn": churn, "kept_tasks": kept, "per_task": per_task, "comparisons": both_ways, "level": level,
+            "domain_baselines": e4_domain_baselines(arms)}
+
+
+def e4_domain_baselines(arms: dict) -> dict:
+    """The domain's trivial baselines on E4's test items (S2), scored by the registered rule: each calculator's
+    most common training answer; one constant answer for all (the most common over every calculator's training
+    rows: the format alone); beside each arm's accuracy."""
+    from collections import Counter
+
+    import numpy as np
+
+    from ..data.medcalc import is_correct, medcalc_splits
+    from .talr_worked_answers import E4Config, calculators
+
+    c = E4Config()
+    split = medcalc_splits(calculators(c.calculator_sets[1]), c.train_per_calculator[1], c.dev_per_calculator,
+                           c.test_per_calculator, c.domain_seed)
+    per_calc = {k: Counter(r["answer"] for r in split["train"] if r["calculator"] == k).most_common(1)[0][0]
+                for k in {r["calculator"] for r in split["train"]}}
+    overall = Counter(r["answer"] for r in split["train"]).most_common(1)[0][0]
+
+    def accuracy(answer_of) -> float:
+        return float(np.mean([is_correct(f"Answer: {answer_of(r)}", r["answer"], r["kind"]) for r in split["test"]]))
+
+    return {"per_calculator_mode": {"answers": per_calc, "acc": accuracy(lambda r: per_calc[r["calculator"]])},
+            "one_constant": {"answer": overall, "acc": accuracy(lambda r: overall)},
+            "arms": {arm: float(np.mean([np.mean(d) for _, d in runs])) for arm, runs in arms.items()},
+            "n_test": len(split["test"])}
+
+
+def e2_reanalysis(report: Path = E2_REPORT) -> dict:
+    """E2 from its per-seed general NFRs (no per-item records were kept): a t-interval over the 3 seed-paired
+    differences, BH over the 4 comparisons (TALR, DFT − SFT at each learning rate)."""
+    import numpy as np
+
+    from ..compat.replicates import t_sf
+
+    data = json.loads(report.read_text())
+    arms = {(a["arm"], a["lr"]): [s["general_nfr"] for s in a["per_seed"]] for a in data["arms"]}
+    family = []
+    for c in data["comparisons"]:
+        d = np.array(arms[(c["arm"], c["lr"])]) - np.array(arms[("SFT", c["lr"])])
+        se = float(d.std(ddof=1) / np.sqrt(len(d)))
+        diff = float(d.mean())
+        family.append({"experiment": "E2", "arm": c["arm"], "vs": "SFT", "lr": c["lr"], "diff": diff, "se": se,
+                       "df": float(len(d) - 1), "per_seed": d.tolist(),
+                       "p_value": min(1.0, 2 * t_sf(abs(diff) / se, len(d) - 1)) if se > 0 else float(diff == 0),
+                       "registered": {"h1": c["h1_less_forgetting"], "diff": c["general_nfr"]["diff"],
+                                      "ci": c["general_nfr"]["ci"]}})
+    level = decide_family(family)
+    for c in family:
+        c["verdict"] = e5_verdict(*c["adjusted_ci"])
+    return {"comparisons": family, "level": level,
+            "note": "per-seed general NFRs only: the interval counts seeds, not items; churn tasks cannot be removed"}
+
+
+def report(roots: list[Path]) -> dict:
+    return {"E1": {"note": "not re-decidable at run level from the records: e1_report.json keeps arm means and "
+                           "per-seed McNemar p, neither per-item scores nor per-seed NFR; E3 re-tests U1 and U2"},
+            "E2": e2_reanalysis(), "E3": e3_reanalysis(roots), "E4": e4_reanalysis()}
+
+
+def _pts(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def _ci(ci) -> str:
+    return f"{_pts(ci[0])} to {_pts(ci[1])}"
+
+
+def markdown(r: dict) -> str:
+    """E5's report: per experiment, the registered verdict beside the one re-decided at run level."""
+    e3, e4, e2 = r["E3"], r["E4"], r["E2"]
+    lines = ["# E5: E1–E4 re-decided with run-level statistics", "",
+             "Intervals count seeds and items (`compat.replicates`: crossed moments, Student's t on Satterthwaite's "
+             f"df); Benjamini–Hochberg at q = {Q} over each experiment's family, intervals at the FCR-adjusted level "
+             "(Benjamini & Yekutieli 2005); MDE = the Δ the comparison detects with 80 % power at that level. Points "
+             "are percentage points.", "",
+             f"## E3 — recipe − control, Δ NFR against v1 (family of {e3['family']}, adjusted level "
+             f"{100 * e3['level']:.2f} %)", "",
+             "| update | recipe | seeds | Δ NFR | adjusted CI | p (BH) | MDE | Δ accuracy (95 % CI) | registered "
+             "(3 seeds, items only) | re-decided | helps |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for u in e3["updates"].values():
+        for arm, a in u["arms"].items():
+            c = a.get("vs_control")
+            if c is None:
+                continue
+            reg = c["registered"]
+            lines.append(f"| {u['update']} | {arm} | {len(c['seeds'])} | {_pts(c['diff'])} | {_ci(c['adjusted_ci'])} | "
+                         f"{c['p_value']:.2g} ({c['p_bh']:.2g}) | {100 * c['mde']:.1f} | {_pts(c['acc_diff'])} "
+                         f"({_ci(c['acc_ci'])}) | {reg['verdict']}{' (helps)' if reg['helps'] else ''} "
+                         f"({_pts(reg['diff'])}, {_ci(reg['ci'])}) | **{c['verdict']}** | "
+                         f"{'yes' if c['helps'] else 'no'} |")
+    lines += ["", "Control NFR per seed: " + "; ".join(
+        f"{u['update']} " + ", ".join(f"{x:.3f}" for x in u["arms"]["control"]["per_seed_nfr"])
+        for u in e3["updates"].values()), "",
+        f"Recipes that help on some update (the product's default candidates besides the control): "
+        f"{', '.join(e3['helps']) or 'none'}.", "",
+        f"## E4 — TALR and DFT against SFT (family of 2, adjusted level {100 * e4['level']:.1f} %)", "",
+        "Chance churn among the general tasks (the base model, 100 test items each):", "",
+        "| task | base accuracy | chance | p (above chance) | churn | NFR SFT / TALR / DFT | PFR SFT / TALR / DFT |",
+        "|---|---|---|---|---|---|---|"]
+    for task, ch in e4["churn"].items():
+        nfr = " / ".join(f"{100 * e4['per_task'][a][task]['nfr']:.1f}" for a in ("SFT", "TALR", "DFT"))
+        pfr = " / ".join(f"{100 * e4['per_task'][a][task]['pfr']:.1f}" for a in ("SFT", "TALR", "DFT"))
+        lines.append(f"| {task} | {ch['base_acc']:.2f} | {ch['chance']:.2f} | {ch['p_above_chance']:.2g} | "
+                     f"{'**yes**' if ch['churn'] else 'no'} | {nfr} | {pfr} |")
+    lines += ["", "| arm − SFT | Δ general NFR, churn out | adjusted CI | p (BH) | MDE | with churn tasks (95 % CI) | "
+              "Δ domain (95 % CI) | registered H1 / H2 | re-decided H1 / H2 |", "|---|---|---|---|---|---|---|---|---|"]
+    for arm, c in e4["comparisons"].items():
+        w = c["with_churn"]
+        lines.append(f"| {arm} | {_pts(c['diff'])} | {_ci(c['adjusted_ci'])} | {c['p_value']:.2g} ({c['p_bh']:.2g}) | "
+                     f"{100 * c['mde']:.1f} | {_pts(w['diff'])} ({_ci(w['ci'])}) | {_pts(c['domain_diff'])} "
+                     f"({_ci(c['domain_ci'])}) | {c['registered']['h1']} / {c['registered']['h2']} | "
+                     f"**{c['h1']} / {c['h2']}** |")
+    b = e4["domain_baselines"]
+    lines += ["", f"Trivial domain baselines on the {b['n_test']} domain test items: each calculator's most common "
+              f"training answer ({', '.join(f'{k} {v}' for k, v in sorted(b['per_calculator_mode']['answers'].items()))}"
+              f") scores {b['per_calculator_mode']['acc']:.3f}; one constant answer "
+              f"({b['one_constant']['answer']}, the format alone) {b['one_constant']['acc']:.3f}; the arms: "
+              + ", ".join(f"{a} {v:.3f}" for a, v in b["arms"].items()) + ".", "",
+              f"## E2 — TALR and DFT against SFT, general NFR (family of 4, adjusted level {100 * e2['level']:.1f} %)",
+              "", f"{e2['note']}.", "",
+              "| arm − SFT | lr | Δ NFR | per seed | adjusted CI | p (BH) | registered H1 (items) | re-decided |",
+              "|---|---|---|---|---|---|---|---|"]
+    for c in e2["comparisons"]:
+        lines.append(f"| {c['arm']} | {c['lr']:g} | {_pts(c['diff'])} | {', '.join(_pts(x) for x in c['per_seed'])} | "
+                     f"{_ci(c['adjusted_ci'])} | {c['p_value']:.2g} ({c['p_bh']:.2g}) | {c['registered']['h1']} "
+                     f"({_pts(c['registered']['diff'])}, {_ci(c['registered']['ci'])}) | **{c['verdict']}** |")
+    lines += ["", "## E1", "", f"{r['E1']['note']}.", ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     from transformers import HfArgumentParser
 
     @dataclass
     class Cli:
-        stage: str = field(default="runs", metadata={"help": "runs: Part B's new seeds."})
+        stage: str = field(default="runs", metadata={"help": "runs: Part B's new seeds; report: Part A, the "
+                                                                     "re-analysis, from the committed records."})
         out: str = field(default="e5-out", metadata={"help": "The store (E3's records are copied in when new)."})
         export: str = field(default="", metadata={"help": "Copy each finished run's new records here (to commit)."})
         updates: list[str] = field(default_factory=lambda: list(PLAN), metadata={
@@ -125,8 +424,16 @@ def main(argv: list[str] | None = None) -> None:
 
     hide_unused_library_noise()
     (cli,) = HfArgumentParser(Cli).parse_args_into_dataclasses(argv)
+    if cli.stage == "report":
+        from ..utils.files import atomic_write_text
+
+        result = report([E3_RECORDS, E5_RECORDS])
+        atomic_write_text(Path("docs/results/e5_report.json"), json.dumps(result, indent=2, default=float))
+        atomic_write_text(Path("docs/results/e5_report.md"), markdown(result))
+        print(markdown(result))
+        return
     if cli.stage != "runs":
-        raise SystemExit(f"--stage: unknown stage {cli.stage!r}; known: runs")
+        raise SystemExit(f"--stage: unknown stage {cli.stage!r}; known: runs, report")
     out = Path(cli.out)
     if not out.exists():
         seed_records(out, [E3_RECORDS] + ([Path(cli.export)] if cli.export else []))
