@@ -88,6 +88,16 @@ def _compare(ns: argparse.Namespace) -> int:
 
 
 DEFAULT_ALPHA = 0.05
+UPDATE_EPILOG = """\
+rows (train, dev, test: a .jsonl/.json/.csv/.parquet file, a save_to_disk folder, a Hub dataset, or a list) are
+prompt/completion pairs, plain text or conversational (lists of chat messages); the completion is the answer
+scored by exact match of the greedy generation:
+  {"prompt": "Q: capital of France? A:", "completion": " Paris"}
+  {"prompt": [{"role": "user", "content": "capital of France?"}],
+   "completion": [{"role": "assistant", "content": "Paris"}]}
+your models: "old_model" is v1 as you ship it (a PEFT adapter on old_base, or a full model), "new_adapter" v2's own
+adapter on new_base; both are used as they are. Without them, update trains them from train first.
+"""
 
 
 def _replicates(arg: str) -> str | list[str]:
@@ -252,8 +262,12 @@ def _update(ns: argparse.Namespace) -> int:
     if cfg.dev is not None:  # the pick: --seeds N tests the pick and the control over seeds 0..N-1
         if ns.seeds is not None:
             cfg.test_seeds = seeds
-        report = run_update(cfg)
-        print(f"{report['verdict']}  ({cfg.output_dir}/report.md, chosen adapter: {cfg.output_dir}/chosen)")
+        report = run_update(cfg, dry_run=ns.dry_run)
+        if not ns.dry_run:
+            print(f"{report['verdict']}  ({cfg.output_dir}/report.md, chosen adapter: {cfg.output_dir}/chosen)")
+        return 0
+    if ns.dry_run:
+        run_update(cfg, dry_run=True)
         return 0
     if ns.seeds is not None:
         from .utils.sweeps import format_spread
@@ -526,13 +540,16 @@ def build_parser() -> argparse.ArgumentParser:
     cache.set_defaults(func=_cache_logits)
     upd = sub.add_parser("update", help="What a model update (a new base, or v1 quantized) breaks on your task, and "
                          "what gets it back: task adapters on v1 and v2, then MUSCLE and a cross-entropy control — or, "
-                         "with a dev split, every candidate recipe tuned on dev, the pick tested against the control.")
+                         "with a dev split, every candidate recipe tuned on dev, the pick tested against the control.",
+                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=UPDATE_EPILOG)
     upd.add_argument("config", nargs="?", help="JSON config (fields of adaptguard.update.UpdateConfig)")
     upd.add_argument("--preset", choices=["tiny"], help="run on the embedded default (tiny -> tiny-v2)")
     upd.add_argument("--out", help="output directory (overrides the config's output_dir)")
     upd.add_argument("--seeds", type=int, help="repeat over seeds 0..N-1 (the preset also re-draws its split) and "
                      "report mean and min-max: toy results move with the CPU's float noise; with a dev split, test "
                      "the pick and the control over these seeds (two or more measure seed noise)")
+    upd.add_argument("--dry-run", action="store_true", help="print the plan (the models used or trained, the number "
+                     "of trainings and scorings, the time measured from the first steps) and stop; nothing is written")
     upd.add_argument("--dev-seeds", type=positive_int, help="with a dev split: average each candidate setting's dev "
                      "scores over this many seeds before the pick (default 1; cost grows with it)")
     upd.set_defaults(func=_update)

@@ -12,13 +12,14 @@ from .presets import paraphrase_split, tiny_preset
 __all__ = ["UpdateConfig", "paraphrase_split", "run_update", "run_update_seeds", "tiny_preset"]
 
 
-def run_update(cfg: UpdateConfig) -> dict:
+def run_update(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     """`adaptguard update CONFIG`: with `cfg.dev`, choose among the candidates on dev and test the pick against the
-    control (`pick.run_pick`); without, train and report the MUSCLE and control arms (`pipeline.run_update`)."""
+    control (`pick.run_pick`); without, train and report the MUSCLE and control arms (`pipeline.run_update`). Both
+    print their plan first; `dry_run` stops there, before anything is written."""
     if cfg.dev is not None:
         from .pick import run_pick
 
-        return run_pick(cfg)
+        return run_pick(cfg, dry_run=dry_run)
     from .pipeline import run_update as run_arms
 
-    return run_arms(cfg)
+    return run_arms(cfg, dry_run=dry_run)

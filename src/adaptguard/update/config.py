@@ -10,6 +10,40 @@ from pathlib import Path
 from ..models.embedded import EMBEDDED_NAMES
 
 
+def model_kind(spec: str) -> str | None:
+    """"adapter" (a folder with adapter_config.json), "full" (config.json without it), None for a name that is not
+    a local folder (a Hub id: known once loaded). A local folder that is neither is refused."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return None
+    if (path / "adapter_config.json").exists():
+        return "adapter"
+    if (path / "config.json").exists():
+        return "full"
+    raise ValueError(f"{spec}: neither a PEFT adapter (adapter_config.json) nor a model (config.json)")
+
+
+def adapter_base(spec: str) -> str | None:
+    """The base model a local PEFT adapter was trained on (its adapter_config.json), None for a Hub id."""
+    path = Path(spec).expanduser() / "adapter_config.json"
+    return json.loads(path.read_text()).get("base_model_name_or_path") if path.exists() else None
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names/paths name the same model: equal, the same folder, or a local folder whose
+    config.json records the other name (a local copy of a Hub model)."""
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    for local, name in ((pa, b), (pb, a)):
+        config = local / "config.json"
+        if config.exists() and json.loads(config.read_text()).get("_name_or_path") == name:
+            return True
+    return False
+
+
 @dataclass
 class UpdateConfig:
     old_base: str  # Hub id or local path of the old base model (v1)
@@ -18,6 +52,12 @@ class UpdateConfig:
     new_base: str | dict
     train: str | list  # prompt/completion rows: a list, a .json/.jsonl file, a save_to_disk dir or a Hub name
     test: str | list
+    # v1 as you ship it: a PEFT adapter trained on old_base (a folder with adapter_config.json, or a Hub id), or a
+    # full fine-tuned model; used as is, never retrained. None: update trains v1's task adapter on old_base from train
+    old_model: str | None = None
+    # v2's own task adapter on new_base, used as is (every candidate starts from it). None: trained on new_base from
+    # train when new_task_adapter is true
+    new_adapter: str | None = None
     # the dev split: with it, update trains every candidate setting, picks one on dev by `max_accuracy_drop`'s rule
     # and scores the pick and the best control on test (see adaptguard.update.candidates)
     dev: str | list | None = None
@@ -107,6 +147,19 @@ class UpdateConfig:
             check_quantization(self.new_base["quantization"], "new_base.quantization")
         from ..utils.data import check_local_path
 
+        if self.new_adapter is not None and not self.new_task_adapter:
+            raise ValueError("new_adapter: given, but new_task_adapter is false (v2 without an adapter); drop one")
+        for name in ("old_model", "new_adapter"):
+            value = getattr(self, name)
+            if value is not None:
+                check_local_path(value, name)
+                try:
+                    kind = model_kind(value)
+                except ValueError as err:
+                    raise ValueError(f"{name}: {err}") from None
+                if name == "new_adapter" and kind == "full":
+                    raise ValueError(f"new_adapter: {value} is a full model (config.json, no adapter_config.json), "
+                                     "not an adapter; a full v2 goes in new_base, with new_task_adapter false")
         bases = ["old_base"] + (["new_base"] if isinstance(self.new_base, str) else [])
         data = [n for n in ("train", "dev", "test") if isinstance(getattr(self, n), str)]
         for name in (*bases, *data):
@@ -130,9 +183,16 @@ class UpdateConfig:
                 *({"recipe": r, **budget, **distill} for r in ("kd", "focal"))]
 
     @property
+    def old_is_full_model(self) -> bool:
+        return self.old_model is not None and model_kind(self.old_model) == "full"
+
+    @property
     def new_base_path(self) -> str:
-        """The new base's name or path (the old base's when the update quantizes it)."""
-        return self.new_base.get("base", self.old_base) if isinstance(self.new_base, dict) else self.new_base
+        """The new base's name or path (when the update quantizes v1: v1's base, or v1 itself when `old_model` is a
+        full model)."""
+        if isinstance(self.new_base, dict):
+            return self.new_base.get("base", self.old_model if self.old_is_full_model else self.old_base)
+        return self.new_base
 
     @property
     def new_quantization(self) -> dict | None:

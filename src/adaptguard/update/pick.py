@@ -48,10 +48,31 @@ class SaveAtEpochs(TrainerCallback):
                                   **({"selected_adapters": [self.adapter_name]} if self.adapter_name else {}))
 
 
-def _adapter_identity(adapter: Path | None):
-    """What made a task adapter (its marker), so a stored step built on it is redone when it changes."""
-    marker = None if adapter is None else adapter / "adaptguard_task_adapter.json"
-    return json.loads(marker.read_text()) if marker is not None and marker.exists() else str(adapter)
+def _adapter_identity(adapter: Path | str | None):
+    """What made a task adapter (its marker; for a user's adapter, its path and weights' digest), so a stored step
+    built on it is redone when it changes."""
+    if adapter is None:
+        return None
+    path = Path(adapter)
+    marker = path / "adaptguard_task_adapter.json"
+    if marker.exists():
+        return json.loads(marker.read_text())
+    weights = sorted(path.glob("adapter_model*"))
+    digest = hashlib.sha256(b"".join(w.read_bytes() for w in weights)).hexdigest()[:16] if weights else None
+    return {"path": str(adapter), "weights": digest}
+
+
+class _StepTimer(TrainerCallback):
+    """Seconds of each optimizer step, into `times`."""
+
+    def __init__(self, times: list):
+        self.times, self.start = times, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(time.perf_counter() - self.start)
 
 
 class Pick:
@@ -61,14 +82,15 @@ class Pick:
         from transformers import AutoTokenizer
 
         from ..muscle.trainer import check_same_vocabulary
-        from .pipeline import load_rows, resolved
+        from .pipeline import load_rows, old_tokenizer_source, resolved
 
         self.cfg, self.say = resolved(cfg), say
-        self.tok_old = AutoTokenizer.from_pretrained(self.cfg.old_base)
+        self.tok_old = AutoTokenizer.from_pretrained(old_tokenizer_source(self.cfg))
         self.tok_new = AutoTokenizer.from_pretrained(self.cfg.new_base_path)
-        check_same_vocabulary(self.tok_old, self.tok_new, "old_base/new_base: ")
         self.rows = load_rows(self.cfg)  # checked (non-empty, disjoint) before anything is written
         self.settings = expand_candidates(self.cfg.candidates or self.cfg.default_candidates())
+        if any(s.recipe != "control" for s in self.settings):  # the control reads no v1 logits
+            check_same_vocabulary(self.tok_old, self.tok_new, "old_base/new_base (a candidate distils from v1): ")
         self.out = Path(self.cfg.output_dir)
         self.store = Store(self.out / "steps")
         self._v1 = None
@@ -174,10 +196,81 @@ class Pick:
                            lambda: self.adapter_model(run / f"epoch-{setting.epochs}"))
 
     def v1_scores(self, split: str) -> dict:
-        return self.scores("v1", [self.cfg.old_base, _adapter_identity(self.v1_adapter)], split, self.v1, self.tok_old)
+        return self.scores("v1", [self.cfg.old_base, self.cfg.old_model if self.cfg.old_is_full_model else None,
+                                  _adapter_identity(self.v1_adapter)], split, self.v1, self.tok_old)
 
     def v2_scores(self, split: str) -> dict:
         return self.scores("v2", [self.cfg.new_base, _adapter_identity(self.v2_adapter)], split, self.v2)
+
+    # -- the plan -------------------------------------------------------------------------------------------------
+    def counts(self) -> dict:
+        """How many trainings and scorings the run needs at most (a stored step is reused, not redone)."""
+        runs = {s.run for s in self.settings}
+        dev_seeds, test_seeds = self.dev_seeds(), self.cfg.test_seeds or [self.cfg.seed]
+        extra_test = [s for s in test_seeds if s not in dev_seeds]
+        epochs = max(s.epochs for s in self.settings)
+        steps = -(-len(self.rows["train"]) // self.cfg.batch_size) * epochs
+        return {"runs": len(runs) * len(dev_seeds) + 2 * len(extra_test), "steps_per_run": steps,
+                "distilling_runs": len({r for r in runs if r[0] != "control"}) * len(dev_seeds),
+                "dev_scorings": len(self.settings) * len(dev_seeds) + 2,
+                "test_scorings": 2 * len(test_seeds) + 2, "task_adapters": int(self.cfg.old_model is None) + int(
+                    self.cfg.new_adapter is None and self.cfg.new_task_adapter),
+                "task_adapter_steps": -(-len(self.rows["train"]) // self.cfg.batch_size) * self.cfg.task_epochs}
+
+    def measure(self) -> dict:
+        """Seconds per training step (2 steps of the control on the new base, after one to warm up) and per scored
+        item (one batch of dev answers), measured here: the estimate's basis."""
+        import tempfile
+
+        from datasets import Dataset
+        from transformers import PrinterCallback
+
+        from ..talr.config import TALRConfig
+        from ..talr.trainer import TALRTrainer
+        from .pipeline import _training_kwargs, adapter_start, load_new_base
+
+        with tempfile.TemporaryDirectory() as tmp:
+            model, peft_config = adapter_start(self.cfg, None if self.cfg.new_adapter is None else self.cfg.new_adapter,
+                                               self.cfg.seed)
+            rows = (self.rows["train"] * 3)[: 3 * self.cfg.batch_size]
+            trainer = TALRTrainer(model=model, args=TALRConfig(**_training_kwargs(
+                self.cfg, output_dir=tmp, learning_rate=1e-5, max_steps=3, logging_steps=1000), weighting="none"),
+                train_dataset=Dataset.from_list(rows), processing_class=self.tok_new, peft_config=peft_config)
+            trainer.remove_callback(PrinterCallback)
+            times = []
+            trainer.add_callback(_StepTimer(times))
+            trainer.train()
+        batch = self.rows["dev" if "dev" in self.rows else "test"][:8]
+        start = time.perf_counter()
+        generate_answers(load_new_base(self.cfg), self.tok_new, batch, self.cfg.max_new_tokens)
+        return {"step_s": sum(times[1:]) / max(1, len(times) - 1), "item_s": (time.perf_counter() - start) / len(batch)}
+
+    def plan(self, measured: dict | None) -> str:
+        """What the run will use, train and score, and for how long (from `measure`)."""
+        cfg, c = self.cfg, self.counts()
+        old = (f"your {'model' if cfg.old_is_full_model else 'adapter'} {cfg.old_model} (used as is)"
+               if cfg.old_model else f"a task adapter trained on {cfg.old_base} from train ({len(self.rows['train'])} "
+                                     f"rows, lr {cfg.task_learning_rate:g}, {cfg.task_epochs:g} epochs)")
+        new_base = (f"{cfg.new_base_path} quantized ({cfg.new_quantization.get('library', '?')})"
+                    if cfg.new_quantization else cfg.new_base_path)
+        new = (f"{new_base} + your adapter {cfg.new_adapter} (used as is)" if cfg.new_adapter else
+               f"{new_base} + its own task adapter, trained from train" if cfg.new_task_adapter else
+               f"{new_base}" + (" + v1's adapter" if cfg.new_quantization and not cfg.old_is_full_model else ""))
+        lines = ["update: the plan", f"  v1: {old}", f"  v2: {new}",
+                 f"  trainings: {c['runs']} ({len(self.settings)} settings of {len({s.run for s in self.settings})} "
+                 f"runs × {len(self.dev_seeds())} dev seed(s), then the pick and the control on the other test "
+                 f"seeds), {c['steps_per_run']} steps each; {c['task_adapters']} task adapter(s) to train first",
+                 f"  scorings: {c['dev_scorings']} on dev ({len(self.rows['dev'])} items), {c['test_scorings']} on test "
+                 f"({len(self.rows['test'])} items)"]
+        if measured:
+            train = c["steps_per_run"] * measured["step_s"] * (c["runs"] + 0.5 * c["distilling_runs"]) + \
+                c["task_adapters"] * c["task_adapter_steps"] * measured["step_s"]
+            score = measured["item_s"] * (c["dev_scorings"] * len(self.rows["dev"]) +
+                                          c["test_scorings"] * len(self.rows["test"]))
+            lines.append(f"  time: about {(train + score) / 60:.0f} min at most (measured here: {measured['step_s']:.2f} s "
+                         f"per training step, {measured['item_s']:.2f} s per scored item; distilling runs counted "
+                         f"1.5× a control step, E3's anchor, not measured); stored steps are reused")
+        return "\n".join(lines)
 
     # -- stages ---------------------------------------------------------------------------------------------------
     def dev_stage(self) -> dict:
@@ -356,7 +449,8 @@ def plot_dev(choices: dict, path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
-def run_pick(cfg: UpdateConfig) -> dict:
+def run_pick(cfg: UpdateConfig, dry_run: bool = False) -> dict:
+    """The pick (see the module docstring), after printing its plan; `dry_run`: the plan only, nothing written."""
     import datasets
     import transformers
 
@@ -366,6 +460,9 @@ def run_pick(cfg: UpdateConfig) -> dict:
     transformers.utils.logging.disable_progress_bar()
     start = time.perf_counter()
     pick = Pick(cfg, say=say)
+    say(pick.plan(pick.measure()))
+    if dry_run:
+        return {"plan": pick.counts()}
     choices = pick.dev_stage()
     test = pick.test_stage(choices)
     pick.ship(choices)

@@ -90,12 +90,43 @@ def load_new_base(cfg: UpdateConfig):
     return load_causal_lm(cfg.new_base_path, cfg.new_quantization, use_cpu=cfg.use_cpu)
 
 
-def v1_task_model(cfg: UpdateConfig, v1_adapter: Path):
-    """v1's task model: the old base with its task adapter merged (the teacher of every distilling arm)."""
+def v1_task_model(cfg: UpdateConfig, v1_adapter: Path | str | None):
+    """v1's task model: the old base with its task adapter merged (the teacher of every distilling arm), or the
+    user's full v1 (`old_model`)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    if v1_adapter is None:
+        return AutoModelForCausalLM.from_pretrained(cfg.old_model)
     return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cfg.old_base), v1_adapter).merge_and_unload()
+
+
+def old_tokenizer_source(cfg: UpdateConfig) -> str:
+    return cfg.old_model if cfg.old_is_full_model else cfg.old_base
+
+
+def check_user_models(cfg: UpdateConfig) -> None:
+    """The user's v1 adapter must be an adapter of `old_base`, v2's of the new base; read before anything is written
+    (a Hub adapter's config is fetched here). One line naming the field."""
+    from .config import adapter_base, model_kind, same_model
+
+    for name, base in (("old_model", cfg.old_base), ("new_adapter", cfg.new_base_path)):
+        spec = getattr(cfg, name)
+        if spec is None or model_kind(spec) == "full":
+            continue
+        trained_on = adapter_base(spec)
+        if trained_on is None:  # a Hub id
+            from peft import PeftConfig
+
+            try:
+                trained_on = PeftConfig.from_pretrained(spec).base_model_name_or_path
+            except Exception as err:  # noqa: BLE001 - offline, missing, or not an adapter: say which field
+                raise ValueError(f"{name}: {spec}: cannot read it as a PEFT adapter ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0][:200]})") from None
+        if trained_on and not same_model(trained_on, base):
+            field_of_base = "old_base" if name == "old_model" else "new_base"
+            raise ValueError(f"{name}: the adapter {spec} was trained on {trained_on!r}, but {field_of_base} is "
+                             f"{base!r}; set {field_of_base} to the adapter's base")
 
 
 def _v2_task_model(cfg: UpdateConfig, v2_adapter: Path | None):
@@ -107,22 +138,34 @@ def _v2_task_model(cfg: UpdateConfig, v2_adapter: Path | None):
 
 
 def resolved(cfg: UpdateConfig) -> UpdateConfig:
-    """`cfg` with `embedded:` names replaced by local paths (built on first use)."""
+    """`cfg` with `embedded:` names replaced by local paths (built on first use), the user's models checked."""
     new = ({**cfg.new_base, "base": resolve_model(cfg.new_base_path)} if isinstance(cfg.new_base, dict)
            else resolve_model(cfg.new_base))
-    return dataclasses.replace(cfg, old_base=resolve_model(cfg.old_base), new_base=new)
+    out = dataclasses.replace(cfg, old_base=resolve_model(cfg.old_base), new_base=new)
+    check_user_models(out)
+    return out
 
 
 def task_adapters(cfg: UpdateConfig, train_rows: list[dict], out: Path, tok_old, tok_new
-                  ) -> tuple[Path, Path | None]:
-    """(v1's task adapter, the task adapter v2 ships with): v2's own, trained on the new base; with
-    `new_task_adapter` false, v1's adapter on a quantized v1 (the quantized task model), else none."""
-    v1_adapter = _train_task_adapter(cfg, cfg.old_base, train_rows, out / "v1_task_adapter", tok_old,
-                                     "update: v1 task adapter")
+                  ) -> tuple[Path | str | None, Path | str | None]:
+    """(v1's task adapter, the task adapter v2 ships with). v1's: the user's `old_model` adapter as it is (None for a
+    full v1), else trained on the old base. v2's: the user's `new_adapter`, else its own trained on the new base;
+    with `new_task_adapter` false, v1's adapter on a quantized v1 (the quantized task model), else none."""
+    from ..utils.progress import say
+
+    if cfg.old_model is not None:
+        v1_adapter = None if cfg.old_is_full_model else cfg.old_model
+        say(f"update: v1 is your {'model' if v1_adapter is None else 'adapter'} {cfg.old_model}, used as is")
+    else:
+        v1_adapter = _train_task_adapter(cfg, cfg.old_base, train_rows, out / "v1_task_adapter", tok_old,
+                                         "update: v1 task adapter")
+    if cfg.new_adapter is not None:
+        say(f"update: v2's task adapter is yours, {cfg.new_adapter}, used as is")
+        return v1_adapter, cfg.new_adapter
     if cfg.new_task_adapter:
         return v1_adapter, _train_task_adapter(cfg, cfg.new_base_path, train_rows, out / "v2_task_adapter", tok_new,
                                                "update: v2 task adapter", cfg.new_quantization)
-    quantized_v1 = cfg.new_quantization is not None and cfg.new_base_path == cfg.old_base
+    quantized_v1 = cfg.new_quantization is not None and cfg.new_base_path in (cfg.old_base, cfg.old_model)
     return v1_adapter, (v1_adapter if quantized_v1 else None)
 
 
@@ -177,7 +220,24 @@ def _evaluate(model, tokenizer, test_rows, cfg) -> tuple[list[bool], list[str]]:
     return exact_match(preds, test_rows), preds
 
 
-def run_update(cfg: UpdateConfig) -> dict:
+def arms_plan(cfg: UpdateConfig, rows: dict) -> str:
+    """The plan of an update without a dev split: what it uses, trains and scores."""
+    steps = -(-len(rows["train"]) // cfg.batch_size)
+    trained = [*([] if cfg.old_model else [f"v1's task adapter on {cfg.old_base}"]),
+               *([f"v2's task adapter on {cfg.new_base_path}"] if cfg.new_adapter is None and cfg.new_task_adapter
+                 else [])]
+    return "\n".join([
+        "update: the plan (no dev split: the MUSCLE and control arms at the config's settings)",
+        f"  v1: {'your ' + cfg.old_model + ' (used as is)' if cfg.old_model else 'trained: ' + trained[0]}",
+        f"  v2: {cfg.new_base_path}" + (f" + your adapter {cfg.new_adapter} (used as is)" if cfg.new_adapter else ""),
+        f"  trainings: {len(trained)} task adapter(s) ({steps * cfg.task_epochs:g} steps each), then the MUSCLE "
+        f"adapter{' and the control' if cfg.control else ''} ({steps * cfg.compat_epochs:g} steps each)",
+        f"  scorings: {3 + int(cfg.control)} on test ({len(rows['test'])} items)"
+        + (f", and lm-eval tasks {cfg.lm_eval_tasks}" if cfg.lm_eval_tasks else ""),
+        "  time: not estimated without a dev split (give dev for the pick, whose plan measures its first steps)"])
+
+
+def run_update(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     """One update without a dev split: task adapters, the MUSCLE adapter at the config's settings and the control."""
     import datasets
     import transformers
@@ -196,9 +256,15 @@ def run_update(cfg: UpdateConfig) -> dict:
     transformers.utils.logging.disable_progress_bar()
     start = time.perf_counter()
     cfg = resolved(cfg)
-    tok_old, tok_new = AutoTokenizer.from_pretrained(cfg.old_base), AutoTokenizer.from_pretrained(cfg.new_base_path)
+    tok_old = AutoTokenizer.from_pretrained(old_tokenizer_source(cfg))
+    tok_new = AutoTokenizer.from_pretrained(cfg.new_base_path)
     check_same_vocabulary(tok_old, tok_new, "old_base/new_base: ")  # before any training
     rows = load_rows(cfg)  # before anything is written
+    from ..utils.progress import say
+
+    say(arms_plan(cfg, rows))
+    if dry_run:
+        return {"plan": arms_plan(cfg, rows)}
     train_rows, test_rows = rows["train"], rows["test"]
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
