@@ -22,7 +22,7 @@ def entry(n, old_right, neg, pos):
 
     return {"n": n, "old_acc": old_right / n, "new_acc": (old_right - neg + pos) / n, "nfr": neg / n, "pfr": pos / n,
             "n_negative_flips": neg, "n_positive_flips": pos, "btc": (old_right - neg) / old_right,
-            "mcnemar_p": mcnemar_exact_p(neg, pos), "nfr_mc": None}
+            "mcnemar_p": mcnemar_exact_p(neg, pos), "inconsistency_flips": None}
 
 
 def test_parse_expressions():
@@ -71,9 +71,9 @@ def test_gate_bad_thresholds():
         check_gate(report, [Threshold.parse("smooth_nfr>0.1")])
     with pytest.raises(GateError, match="must be in"):
         check_gate(report, [Threshold.parse("nfr>0.1")], significance=1.5)
-    # nfr_mc undefined (no predictions): not applicable, not a breach
-    gate = check_gate(report, [Threshold.parse("nfr_mc>0")])
-    assert gate["passed"] and gate["not_applicable"] == [{"task": "t", "expr": "nfr_mc>0"}]
+    # inconsistency_flips undefined (no predictions): not applicable, not a breach
+    gate = check_gate(report, [Threshold.parse("inconsistency_flips>0")])
+    assert gate["passed"] and gate["not_applicable"] == [{"task": "t", "expr": "inconsistency_flips>0"}]
 
 
 def test_compare_gate_on_real_runs(lm_runs, tmp_path):

@@ -28,7 +28,7 @@ def test_flip_metrics_hand_worked():
     assert m["nfr"] == pytest.approx(2 / 6)  # items 1, 2
     assert m["pfr"] == pytest.approx(1 / 6)  # item 3
     # new wrong and predictions differ: items 1, 2, 4 (both wrong but x -> y)
-    assert m["nfr_mc"] == pytest.approx(3 / 6)
+    assert m["inconsistency_flips"] == pytest.approx(3 / 6)
     assert m["btc"] == pytest.approx(2 / 4)
     assert (m["n_negative_flips"], m["n_positive_flips"]) == (2, 1)
     # exact McNemar: b=2, c=1 -> two-sided binomial p = 1.0
@@ -126,7 +126,7 @@ def independent_flips(old_file, new_file, metric):
     o = np.array([old[i][metric] for i in ids]) == 1
     n = np.array([new[i][metric] for i in ids]) == 1
     differ = np.array([pred(old[i]) != pred(new[i]) for i in ids])
-    return {"nfr": (o & ~n).mean(), "pfr": (~o & n).mean(), "nfr_mc": (~n & differ).mean(),
+    return {"nfr": (o & ~n).mean(), "pfr": (~o & n).mean(), "inconsistency_flips": (~n & differ).mean(),
             "btc": (o & n).sum() / o.sum(), "old_acc": o.mean(), "new_acc": n.mean(), "n": len(ids)}
 
 
@@ -336,7 +336,7 @@ def test_fast_reader_equals_the_general_path(tmp_path, monkeypatch, last):
 
 def test_loglikelihood_task_has_no_inconsistency_flips():
     """A loglikelihood task (one continuation, acc = is_greedy; logged as one (ll, is_greedy) pair per document) has
-    no answer to disagree on: nfr_mc is None, not a comparison of choice indices that are always 0; nfr/pfr as
+    no answer to disagree on: inconsistency_flips is None, not a comparison of choice indices that are always 0; nfr/pfr as
     usual."""
     from pathlib import Path
 
@@ -352,7 +352,7 @@ def test_loglikelihood_task_has_no_inconsistency_flips():
 
     (entry,) = compare_task(run([1, 1, 0, 0], [-1, -2, -3, -4]), run([1, 0, 1, 0], [-1.5, -2.5, -3.5, -4.5]),
                             n_boot=10).values()
-    assert entry["nfr_mc"] is None and entry["nfr"] == 0.25 and entry["pfr"] == 0.25
+    assert entry["inconsistency_flips"] is None and entry["nfr"] == 0.25 and entry["pfr"] == 0.25
 
 
 def test_paired_rate_difference_against_hand_counts_and_normal_theory():

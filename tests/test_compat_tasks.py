@@ -62,7 +62,7 @@ def test_new_run_reports_flips_equal_to_compare(compat_runs, tmp_path):
                                "--json", str(out)], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         ref = json.loads(out.read_text())["tasks"][task]
-        for key in ("nfr", "pfr", "nfr_mc", "btc"):
+        for key in ("nfr", "pfr", "inconsistency_flips", "btc"):
             got = res[task][f"{key},{filt}"]
             if ref[key] is None:
                 assert got != got  # NaN: BTC undefined when the old model is never right

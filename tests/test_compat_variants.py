@@ -85,8 +85,8 @@ def test_group_variant_flips_equal_compare(variant_runs, lm_runs):
     smooth = compare_runs(samples_file(root / "old", "t_gsm_n"), samples_file(root / "new", "t_gsm_n"),
                           similarity="rouge1", n_boot=10)["tasks"]["t_gsm_n"]
     for task in ("t_piqa", "t_gsm_n", "t_ll"):
-        for key in ("nfr", "pfr", "nfr_mc", "btc"):
-            if want[task][key] is None:  # loglikelihood: no nfr_mc on either side
+        for key in ("nfr", "pfr", "inconsistency_flips", "btc"):
+            if want[task][key] is None:  # loglikelihood: no inconsistency_flips on either side
                 assert f"{key},none" not in got[f"compat_{task}"], (task, key)
             else:
                 assert got[f"compat_{task}"][f"{key},none"] == pytest.approx(want[task][key]), (task, key)
@@ -97,7 +97,7 @@ def test_group_variant_flips_equal_compare(variant_runs, lm_runs):
         if smooth[key] is not None:
             assert got["compat_t_gsm_n"][f"{key},none"] == pytest.approx(smooth[key]), key
     assert want["t_gsm_n"]["nfr"] > 0  # the fine-tune broke the generation task: the pooling below is not 0 = 0
-    for key in ("nfr", "pfr", "nfr_mc"):
+    for key in ("nfr", "pfr", "inconsistency_flips"):
         have = [t for t in want if want[t][key] is not None]  # lm-eval pools over the subtasks that report it
         pooled = sum(want[t][key] * want[t]["n"] for t in have) / sum(want[t]["n"] for t in have)
         assert got["compat_t_pair"][f"{key},none"] == pytest.approx(pooled), key

@@ -37,7 +37,7 @@ def test_per_sample_flips_against_a_reference(monkeypatch):
                         {harness.doc_hash(doc): {"answer": 0}})  # the reference chose choice 0
     # reference right (choice 0); now wrong (choice 1): a negative flip
     out = harness.multiple_choice_results("compat_piqa", doc, [(-5.0, False), (-2.0, True)], 0, ["aa", "b"])
-    assert out == {"acc": 0.0, "acc_norm": 0.0, "nfr": 1.0, "pfr": 0.0, "nfr_mc": 1.0, "btc": (1.0, 0.0)}
+    assert out == {"acc": 0.0, "acc_norm": 0.0, "nfr": 1.0, "pfr": 0.0, "inconsistency_flips": 1.0, "btc": (1.0, 0.0)}
     # acc_norm divides by the choice length in characters: -5/2 > -2/1 is false, -2.5 < -2
     out = harness.multiple_choice_results("compat_piqa", doc, [(-3.0, False), (-2.0, True)], 0, ["aa", "b"])
     assert out["acc"] == 0.0 and out["acc_norm"] == 1.0
@@ -64,9 +64,9 @@ def test_gsm8k_exact_match_and_smooth_flips(monkeypatch):
     doc = {"question": "q", "answer": "work\n#### 1,234"}
     monkeypatch.setitem(harness._REFERENCES, "compat_gsm8k", {harness.doc_hash(doc): {"answer": "99"}})
     out = utils.gsm8k_results(doc, ["1234."])  # "," and the final "." ignored, as lm-eval's gsm8k does
-    assert out == {"exact_match": 1.0, "nfr": 0.0, "pfr": 1.0, "nfr_mc": 0.0, "btc": (0.0, 1.0)}
+    assert out == {"exact_match": 1.0, "nfr": 0.0, "pfr": 1.0, "inconsistency_flips": 0.0, "btc": (0.0, 1.0)}
     out = utils.gsm8k_results(doc, ["1,235"])
-    assert out == {"exact_match": 0.0, "nfr": 0.0, "pfr": 0.0, "nfr_mc": 1.0, "btc": (0.0, 0.0)}
+    assert out == {"exact_match": 0.0, "nfr": 0.0, "pfr": 0.0, "inconsistency_flips": 1.0, "btc": (0.0, 0.0)}
 
     sdoc = {"id": "1", "dialogue": "d", "summary": "the cat sat down"}
     monkeypatch.setitem(harness._REFERENCES, "compat_samsum",
@@ -140,6 +140,6 @@ def test_compare_and_the_harness_extract_the_same_predictions(monkeypatch):
         return TaskRun("t", Path("<memory>"), samples_from_records(records))
 
     entry = compare_task(run(old_resps), run(new_resps))["none"]
-    for key in ("nfr", "pfr", "nfr_mc"):
+    for key in ("nfr", "pfr", "inconsistency_flips"):
         assert entry[key] == pytest.approx(sum(s[key] for s in per_sample) / 3), key
-    assert [s["nfr_mc"] for s in per_sample] == [1.0, 0.0, 1.0]
+    assert [s["inconsistency_flips"] for s in per_sample] == [1.0, 0.0, 1.0]

@@ -22,19 +22,19 @@ def test_unknown_weighting_lists_known_ones():
 
 @pytest.fixture()
 def focal_installed(tmp_path, monkeypatch):
-    """Make plugins/adaptguard-focal discoverable through a real entry point: a dist-info with
+    """Make plugins/adaptguard-focal-loss discoverable through a real entry point: a dist-info with
     entry_points.txt on sys.path, which is what `pip install` leaves behind."""
-    dist = tmp_path / "adaptguard_focal-0.1.0.dist-info"
+    dist = tmp_path / "adaptguard_focal_loss-0.1.0.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: adaptguard-focal\nVersion: 0.1.0\n")
-    (dist / "entry_points.txt").write_text("[adaptguard]\nfocal = adaptguard_focal\n")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: adaptguard-focal-loss\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[adaptguard]\nfocal_loss = adaptguard_focal_loss\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(ROOT / "plugins" / "adaptguard-focal" / "src"))
+    monkeypatch.syspath_prepend(str(ROOT / "plugins" / "adaptguard-focal-loss" / "src"))
     from adaptguard.plugins import get_plugin_manager
 
     get_plugin_manager.cache_clear()
     yield
-    sys.modules.pop("adaptguard_focal", None)
+    sys.modules.pop("adaptguard_focal_loss", None)
     get_plugin_manager.cache_clear()
 
 
@@ -45,7 +45,9 @@ def test_third_party_weighting_by_name(focal_installed, tiny, tmp_path):
     from adaptguard import TALRTrainer
     from adaptguard.plugins import get_token_weighting
 
-    focal = get_token_weighting("focal")
+    focal = get_token_weighting("focal_loss")
+    with pytest.raises(ValueError, match="weighting 'focal' was renamed focal_loss"):
+        get_token_weighting("focal")  # the old name a user may have typed
 
     class Args:
         weighting_kwargs = {"gamma": 2.0}
@@ -56,7 +58,7 @@ def test_third_party_weighting_by_name(focal_installed, tiny, tmp_path):
 
     model, tok = tiny
     data = Dataset.from_list([{"prompt": "the opposite of hot is", "completion": " cold ."}] * 8)
-    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, weighting="focal", max_steps=2,
+    trainer = TALRTrainer(model=model, args=cpu_args(tmp_path, weighting="focal_loss", max_steps=2,
                                                      weighting_kwargs={"gamma": 1.0}),
                           train_dataset=data, processing_class=tok)
     trainer.train()

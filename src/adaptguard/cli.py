@@ -441,9 +441,34 @@ def positive_int(text: str) -> int:
     return value
 
 
+class _HideAliases(argparse.HelpFormatter):
+    """Help that shows `--dash-option` and not its `--dash_option` twin (an alias kept for lm-eval/TRL habits)."""
+
+    def _format_action_invocation(self, action):
+        import copy
+
+        strings = action.option_strings
+        shown = [o for o in strings if not (o.startswith("--") and "_" in o and o.replace("_", "-") in strings)]
+        if shown != strings:
+            action = copy.copy(action)
+            action.option_strings = shown
+        return super()._format_action_invocation(action)
+
+
+class _HideAliasesRaw(_HideAliases, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with lm-eval/TRL habits: every `--dash-option` also answers to `--dash_option`, and a subcommand's
-    page shows its one-line help as its description."""
+    """argparse with lm-eval/TRL habits: every `--dash-option` also answers to `--dash_option` (not shown in the
+    help), and a subcommand's page shows its one-line help as its description."""
+
+    def __init__(self, *args, **kwargs):
+        if kwargs.get("formatter_class") in (None, argparse.HelpFormatter):
+            kwargs["formatter_class"] = _HideAliases
+        elif kwargs["formatter_class"] is argparse.RawDescriptionHelpFormatter:
+            kwargs["formatter_class"] = _HideAliasesRaw
+        super().__init__(*args, **kwargs)
 
     def add_argument(self, *names, **kwargs):
         aliases = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]]
@@ -497,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--flips-out", metavar="FILE", help="write every flipped document, both answers, as JSON lines")
     cmp.add_argument("--fail-on", action="append", type=_threshold, metavar="EXPR",
                      help="regression gate, repeatable: [TASKGLOB:]METRIC>VALUE or <VALUE over nfr, excess_nfr, pfr, "
-                          "nfr_mc, btc, old_acc, new_acc, acc_drop, smooth_nfr, ... (rates as 2%% or 0.02; e.g. "
+                          "inconsistency_flips, btc, old_acc, new_acc, acc_drop, smooth_nfr, ... (rates as 2%% or 0.02; e.g. "
                           "'nfr>2%%', 'excess_nfr>1%%', 'mmlu_*:btc<0.95'); exit status 1 on a regression the data "
                           "support, 3 when none but the data could not detect a threshold, 2 for bad input")
     cmp.add_argument("--significance", type=significance, default=DEFAULT_ALPHA, metavar="ALPHA",

@@ -13,7 +13,7 @@ from .runs import TaskRun, read_run, samples_from_records
 
 logger = logging.getLogger(__name__)
 
-FLIP_KEYS = ("nfr", "pfr", "nfr_mc", "btc", "smooth_nfr", "smooth_pfr")
+FLIP_KEYS = ("nfr", "pfr", "inconsistency_flips", "btc", "smooth_nfr", "smooth_pfr")
 
 
 def evaluate_with_lm_eval(model, tokenizer, tasks: list[str], *, limit=None, num_fewshot=None, batch_size: int = 8,
@@ -71,7 +71,7 @@ class LMEvalCallback(TrainerCallback):
 
     With `reference` (an lm-eval `--log_samples` output of the same tasks, e.g. of the model before
     the update), the flips of the current model against it are logged too (`lm_eval/<task>/nfr`,
-    `pfr`, `nfr_mc`, `btc`; `smooth_*` with `similarity`); the `compat_*` tasks receive the reference
+    `pfr`, `inconsistency_flips`, `btc`; `smooth_*` with `similarity`); the `compat_*` tasks receive the reference
     as `compat_reference`. Task directories of every adaptguard plugin are included (plus
     `include_path`), and `metadata` is passed to the tasks as with `lm_eval --metadata`.
     """

@@ -81,7 +81,7 @@ def _references(sample: Sample) -> list[str]:
 def _flips(old: list[Sample], new: list[Sample], metric: str, n_boot: int, seed: int,
            output_type: str | None = None) -> dict:
     preds = [s.answer for s in old], [s.answer for s in new]
-    # a loglikelihood task scores one continuation: there is no answer to disagree on, so no nfr_mc
+    # a loglikelihood task scores one continuation: there is no answer to disagree on, so no inconsistency_flips
     have = output_type != "loglikelihood" and all(p is not None for p in preds[0] + preds[1])
     return flip_metrics([s.metrics[metric] for s in old], [s.metrics[metric] for s in new],
                         *(preds if have else (None, None)), n_boot=n_boot, seed=seed)
@@ -179,7 +179,7 @@ def _pair_means(entry: dict, olds: list[list[float]], news: list[list[float]]) -
     for key in ("old_acc", "new_acc", "nfr", "pfr", "btc", "n_negative_flips", "n_positive_flips"):
         values = [p[key] for p in pairs if p[key] is not None]
         entry[key] = sum(values) / len(values) if values else None
-    entry.update(nfr_mc=None, mcnemar_p=None, pfr_ci=None, nfr_ci=tuple(entry["replicates"]["nfr_ci"]))
+    entry.update(inconsistency_flips=None, mcnemar_p=None, pfr_ci=None, nfr_ci=tuple(entry["replicates"]["nfr_ci"]))
 
 
 def _is_churn(entry: dict, samples: list, alpha: float) -> dict | None:

@@ -6,7 +6,7 @@ An expression is `[TASKGLOB:]METRIC>VALUE` or `[TASKGLOB:]METRIC<VALUE`, e.g. `n
 threshold outside [0, 1] without `%` is refused, as `nfr>2` most likely meant 2 %. With a significance level α a
 breach counts only when the data support it:
 
-- one run per side: rates of items (`nfr`, `pfr`, `nfr_mc`, `old_acc`, `new_acc`, `smooth_nfr`, `smooth_pfr`) and
+- one run per side: rates of items (`nfr`, `pfr`, `inconsistency_flips`, `old_acc`, `new_acc`, `smooth_nfr`, `smooth_pfr`) and
   `btc` (a rate over the items the old model got right): an exact one-sided binomial test of H0 "rate ≤ VALUE"
   (for `>`) or "rate ≥ VALUE" (for `<`) on the item counts, rejected at p < α; `acc_drop` (= old_acc − new_acc):
   the exact McNemar test;
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from .metrics import DELTA_KEYS
 
-RATE_METRICS = ("nfr", "pfr", "nfr_mc", "old_acc", "new_acc", "btc", "smooth_nfr", "smooth_pfr")
+RATE_METRICS = ("nfr", "pfr", "inconsistency_flips", "old_acc", "new_acc", "btc", "smooth_nfr", "smooth_pfr")
 RUN_LEVEL_METRICS = ("nfr", "excess_nfr", "acc_drop")  # with a run-level test when a side has replicates
 GATE_METRICS = (*RATE_METRICS, "acc_drop", "excess_nfr", "m_g", "m_r", "mean_delta",
                 *(f"delta_{k}{pct}" for k in DELTA_KEYS for pct in ("", "_pct")))
@@ -59,6 +59,9 @@ class Threshold:
             raise GateError(f"--fail-on {expr!r}: expected [TASKGLOB:]METRIC>VALUE or [TASKGLOB:]METRIC<VALUE, "
                             f"e.g. 'nfr>0.02' or 'mmlu_*:btc<0.95'")
         metric = m["metric"]
+        if metric == "nfr_mc":  # renamed before any release
+            raise GateError(f"--fail-on {expr!r}: nfr_mc was renamed inconsistency_flips (what it counts: wrong "
+                            "answers that changed)")
         if metric not in GATE_METRICS:
             raise GateError(f"--fail-on {expr!r}: unknown metric {metric!r}; known: {', '.join(GATE_METRICS)}")
         text = m["value"]
@@ -175,7 +178,7 @@ def check_gate(report: dict, thresholds: list[Threshold], significance: float | 
                    for e in entries):
             raise GateError(f"--fail-on {t.expr!r}: no matched task reports {t.metric} (excess_nfr needs replicate "
                             f"runs: OLD or NEW as run1,run2; a generation task needs --similarity for smooth_*; "
-                            f"nfr_mc needs predictions; delta_* needs --compatible)")
+                            f"inconsistency_flips needs predictions; delta_* needs --compatible)")
         for name, entry in zip(tasks, entries):
             if name in churn:
                 continue

@@ -3,7 +3,7 @@
 For an old model M1 and a new model M2 on the same N items:
 
 - NFR = (1/N) Σ 1[M1 right ∧ M2 wrong]; PFR = (1/N) Σ 1[M1 wrong ∧ M2 right]
-- NFR_mc = (1/N) Σ 1[M2 wrong ∧ M1(x) ≠ M2(x)] (inconsistency flips; needs predictions)
+- inconsistency flips = (1/N) Σ 1[M2 wrong ∧ M1(x) ≠ M2(x)] (inconsistency flips; needs predictions)
 - BTC = #{M1 right ∧ M2 right} / #{M1 right}
 - generative: D(x) = S(M2(x), y) − S(M1(x), y); smooth PFR/NFR = (1/N) Σ 1[D > 0] / 1[D < 0];
   m_g = mean D over D > 0, m_r = mean |D| over D < 0.
@@ -64,7 +64,7 @@ def flip_indicators(old_correct, new_correct, old_pred=None, new_pred=None) -> d
         old_correct, new_correct: (N,) booleans, whether each model got item i right.
         old_pred, new_pred: optional (N,) predictions (any values comparable with `!=`).
     Returns:
-        `{"nfr": old ∧ ¬new, "pfr": ¬old ∧ new}` as (N,) bool arrays, plus `"nfr_mc": ¬new ∧ (old_pred ≠
+        `{"nfr": old ∧ ¬new, "pfr": ¬old ∧ new}` as (N,) bool arrays, plus `"inconsistency_flips": ¬new ∧ (old_pred ≠
         new_pred)` (an inconsistency flip) when predictions are given.
     """
     old = _as_bool("old_correct", old_correct)
@@ -78,7 +78,7 @@ def flip_indicators(old_correct, new_correct, old_pred=None, new_pred=None) -> d
         if len(old_pred) != len(old) or len(new_pred) != len(old):
             raise ValueError(f"old_pred/new_pred must have {len(old)} items, like old_correct")
         differ = np.array([a != b for a, b in zip(old_pred, new_pred)], dtype=bool)
-        out["nfr_mc"] = ~new & differ
+        out["inconsistency_flips"] = ~new & differ
     return out
 
 
@@ -96,10 +96,10 @@ def flip_metrics(old_correct, new_correct, old_pred=None, new_pred=None, *, n_bo
 
     Args:
         old_correct, new_correct: (N,) booleans, whether each model got item i right.
-        old_pred, new_pred: optional (N,) predictions (any comparable values) for `nfr_mc`.
+        old_pred, new_pred: optional (N,) predictions (any comparable values) for `inconsistency_flips`.
         n_boot, level, seed: bootstrap settings of `nfr_ci` / `pfr_ci`.
     Returns:
-        dict with `n`, `old_acc`, `new_acc`, `nfr`, `pfr`, `nfr_mc` (None without predictions), `btc`
+        dict with `n`, `old_acc`, `new_acc`, `nfr`, `pfr`, `inconsistency_flips` (None without predictions), `btc`
         (None when the old model is never right), `n_negative_flips`, `n_positive_flips`,
         `mcnemar_p`, `nfr_ci`, `pfr_ci`.
     """
@@ -115,7 +115,7 @@ def flip_metrics(old_correct, new_correct, old_pred=None, new_pred=None, *, n_bo
         "new_acc": float(new.mean()),
         "nfr": float(negative.mean()),
         "pfr": float(positive.mean()),
-        "nfr_mc": float(flips["nfr_mc"].mean()) if "nfr_mc" in flips else None,
+        "inconsistency_flips": float(flips["inconsistency_flips"].mean()) if "inconsistency_flips" in flips else None,
         "btc": btc(old, new),
         "n_negative_flips": int(negative.sum()),
         "n_positive_flips": int(positive.sum()),
@@ -161,7 +161,7 @@ def smooth_flip_metrics(delta, *, n_boot: int = 2000, level: float = 0.95, seed:
     }
 
 
-DELTA_KEYS = ("nfr", "pfr", "nfr_mc", "smooth_nfr", "smooth_pfr", "m_g", "m_r")
+DELTA_KEYS = ("nfr", "pfr", "inconsistency_flips", "smooth_nfr", "smooth_pfr", "m_g", "m_r")
 
 
 def bootstrap_mean_ci(values, *, n_boot: int = 2000, level: float = 0.95, seed: int | None = 0

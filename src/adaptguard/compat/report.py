@@ -61,7 +61,7 @@ LEGEND = ("NFR: negative flips, right before and wrong after; PFR: positive flip
 
 # the table column that shows each gated metric (acc_drop: the new accuracy)
 GATE_COLUMNS = {"old_acc": "acc old → new", "new_acc": "acc old → new", "acc_drop": "acc old → new",
-                "nfr": "NFR %", "pfr": "PFR %", "nfr_mc": "incons. %", "btc": "BTC %", "excess_nfr": "excess NFR %",
+                "nfr": "NFR %", "pfr": "PFR %", "inconsistency_flips": "incons. %", "btc": "BTC %", "excess_nfr": "excess NFR %",
                 "smooth_nfr": "smooth NFR %", "smooth_pfr": "smooth PFR %", "m_g": "m_g", "m_r": "m_r",
                 "delta_nfr": "ΔNFR_c"}
 
@@ -95,7 +95,7 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
         reg = e.get("regression") or {}
         acc = "–" if e.get("old_acc") is None else f"{100 * e['old_acc']:.1f} → {100 * e['new_acc']:.1f}"
         row = [name, str(e["n"]), acc, _pct(e.get("nfr"), e.get("n_negative_flips")), _fmt(e.get("nfr_ci"), True),
-               _pct(e.get("pfr"), e.get("n_positive_flips")), _pct(e.get("nfr_mc")), _pct(e.get("btc"))]
+               _pct(e.get("pfr"), e.get("n_positive_flips")), _pct(e.get("inconsistency_flips")), _pct(e.get("btc"))]
         if replicated:
             fixed = r.get("runs_fixed", True)
             row += ["–" if not r else f"{r['runs'][0]}+{r['runs'][1]}", _pct(r.get("noise_floor")),

@@ -3,7 +3,7 @@ dataset, prompts, few-shot examples, filters and metrics), plus flips against a 
 named by `--metadata '{"compat_reference": "runs/old"}'`.
 
 - `CompatTask` is the task class of every variant (lm-eval's `class:` route): it subclasses `ConfigurableTask`,
-  keeps the original's `process_results` and adds, per sample, `nfr`, `pfr`, `nfr_mc`, `btc` (0/1 metrics:
+  keeps the original's `process_results` and adds, per sample, `nfr`, `pfr`, `inconsistency_flips`, `btc` (0/1 metrics:
   `acc`, `exact_match`, `em`) or, with `--metadata '{"compat_similarity": "rouge1"}'`, `smooth_nfr`,
   `smooth_pfr`, `m_g`, `m_r` for generation, by the formulas of `metrics` (the ones `adaptguard compare` uses).
 - `write_compat_tasks` writes the variants' YAMLs: a task includes the original's YAML; a group becomes a group
@@ -33,10 +33,11 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "compat_"
 CORRECTNESS = ("acc", "exact_match", "em")
-FLIP_METRICS = {"nfr": ("mean", False), "pfr": ("mean", True), "nfr_mc": ("mean", False), "btc": ("compat_btc", True)}
+FLIP_METRICS = {"nfr": ("mean", False), "pfr": ("mean", True), "inconsistency_flips": ("mean", False),
+                "btc": ("compat_btc", True)}
 SMOOTH_METRICS = {"smooth_nfr": ("mean", False), "smooth_pfr": ("mean", True), "m_g": ("compat_mean_positive", True),
                   "m_r": ("compat_mean_negative_abs", False)}
-POOLED = ("nfr", "pfr", "nfr_mc", "smooth_nfr", "smooth_pfr")  # rates over documents: pooled in groups
+POOLED = ("nfr", "pfr", "inconsistency_flips", "smooth_nfr", "smooth_pfr")  # rates over documents: pooled in groups
 
 
 class CompatTask(ConfigurableTask):
@@ -53,7 +54,7 @@ class CompatTask(ConfigurableTask):
         self._reference = self._load_reference(meta.get("compat_reference"))
         extra = {**FLIP_METRICS}
         if self.OUTPUT_TYPE == "loglikelihood":
-            extra.pop("nfr_mc")  # one continuation: no prediction to disagree on
+            extra.pop("inconsistency_flips")  # one continuation: no prediction to disagree on
         if self.similarity is not None:
             from ..plugins import get_similarity
 
@@ -127,7 +128,7 @@ class CompatTask(ConfigurableTask):
             pred, ref_pred = prediction(results), ref.answer
             flips = flip_results(bool(out[metric]), pred, bool(ref.metrics[metric]), ref_pred)
             if self.OUTPUT_TYPE == "loglikelihood":
-                flips.pop("nfr_mc")
+                flips.pop("inconsistency_flips")
             out.update(flips)
         if self.similarity is not None:
             target = self.doc_to_target(doc)

@@ -104,7 +104,7 @@ def markdown_report(report: dict) -> str:
     lines = [
         "# adaptguard demo: fine-tuning without losing general ability",
         "",
-        "Embedded default model (`adaptguard.experiments.embedded`, shipped with the package), fine-tuned on a domain: its own "
+        "Embedded default model (`adaptguard.models.embedded`, shipped with the package), fine-tuned on a domain: its own "
         "knowledge asked in a question/answer format it never saw. Domain score = exact match on held-out "
         "questions; general score = mean exact match over the pretraining skills "
         f"({', '.join(report['settings']['skills'])}). Paper 003 Fig. 1–2 layout.",

@@ -2,7 +2,7 @@
 (paper 001 §3.3.2, Table 3.1 in spirit: each target in turn, the other tasks as candidates; methods
 ``full`` / ``no_consistency`` / ``no_diversity`` / ``random`` at an equal number of training rows).
 
-Tasks. The embedded tiny model knows three skills from pretraining (`adaptguard.experiments.embedded`): the capital
+Tasks. The embedded tiny model knows three skills from pretraining (`adaptguard.models.embedded`): the capital
 of each fictional country (24 facts), the opposite of a word (18 antonym pairs, both directions: 36) and
 the next number (1..95). Each skill is asked in three formats it never saw, giving a 3 × 3 grid of tasks
 ``<skill>/<format>``::

@@ -84,7 +84,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedSpec] = {
                             learning_rate=2.5e-3, train_seed=7),
 }
 
-EMBEDDED_NAMES = (*EMBEDDED_MODELS, "smollm2")  # smollm2: a real model (adaptguard.experiments.smollm2)
+EMBEDDED_NAMES = (*EMBEDDED_MODELS, "smollm2")  # smollm2: a real model (adaptguard.models.smollm2)
 
 
 def _pseudo_word(rng: random.Random, n: int) -> str:

@@ -338,7 +338,7 @@ def run_update(cfg: UpdateConfig, dry_run: bool = False) -> dict:
         "old_acc": plain["old_acc"], "new_acc": plain["new_acc"], "compat_acc": compat["new_acc"],
         "nfr": plain["nfr"], "nfr_compat": compat["nfr"], "delta_nfr": deltas["delta_nfr"],
         "delta_nfr_pct": deltas["delta_nfr_pct"], "pfr": plain["pfr"], "pfr_compat": compat["pfr"],
-        "nfr_mc": plain["nfr_mc"], "nfr_mc_compat": compat["nfr_mc"],
+        "inconsistency_flips": plain["inconsistency_flips"], "inconsistency_flips_compat": compat["inconsistency_flips"],
         "nfr_ci": plain["nfr_ci"], "nfr_compat_ci": compat["nfr_ci"], "mcnemar_p_v1_v2": plain["mcnemar_p"],
         "mcnemar_p_v1_compat": compat["mcnemar_p"],
         **control_fields, "new_task_adapter": v2_adapter is not None,

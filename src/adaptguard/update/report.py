@@ -14,11 +14,11 @@ def update_markdown(r: dict) -> str:
         "# Model update compatibility (MUSCLE, paper 002)", "",
         f"Old base `{r['old_base']}` → new base `{r['new_base']}`; task adapters trained on {r['n_train']} rows, "
         f"evaluated on {r['n_test']} test rows (exact match of the greedy completion). All rates in %.", "",
-        "| M_v1 acc | M_v2 acc | M_v2^C acc | NFR | NFR_c | ΔNFR_c | Δ%NFR_c | PFR | PFR_c | NFR_mc | NFR_mc,c |",
+        "| M_v1 acc | M_v2 acc | M_v2^C acc | NFR | NFR_c | ΔNFR_c | Δ%NFR_c | PFR | PFR_c | incons. | incons._c |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         f"| {pct(r['old_acc'])} | {pct(r['new_acc'])} | {pct(r['compat_acc'])} | {pct(r['nfr'])} | "
         f"{pct(r['nfr_compat'])} | {pct(r['delta_nfr'])} | {rel} | {pct(r['pfr'])} | {pct(r['pfr_compat'])} | "
-        f"{pct(r['nfr_mc'])} | {pct(r['nfr_mc_compat'])} |", "",
+        f"{pct(r['inconsistency_flips'])} | {pct(r['inconsistency_flips_compat'])} |", "",
         f"Exact McNemar p (discordant pairs): v1→v2 {r['mcnemar_p_v1_v2']:.3g}, v1→compat "
         f"{r['mcnemar_p_v1_compat']:.3g}. NFR 95% bootstrap CI: v2 [{pct(r['nfr_ci'][0])}, {pct(r['nfr_ci'][1])}], "
         f"compat [{pct(r['nfr_compat_ci'][0])}, {pct(r['nfr_compat_ci'][1])}].", "",

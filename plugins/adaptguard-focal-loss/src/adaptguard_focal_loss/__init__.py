@@ -1,7 +1,8 @@
-"""Focal token weighting (Lin et al., 2017) as an adaptguard plugin: `w_t = (1 − p_t)^γ`.
+"""Focal-loss token weighting (Lin et al., 2017) as an adaptguard plugin: `w_t = (1 − p_t)^γ`.
 
 The opposite of TALR — it up-weights hard tokens — and a template for third-party weightings.
-Use it as `TALRConfig(weighting="focal", weighting_kwargs={"gamma": 2.0})`.
+Use it as `TALRConfig(weighting="focal_loss", weighting_kwargs={"gamma": 2.0})`. (The update recipe `focal` is
+another thing: focal distillation, Yan et al. 2021.)
 """
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from adaptguard import hookimpl
 
 
-def focal_weighting(token_nll: torch.Tensor, mask: torch.Tensor, args) -> tuple[torch.Tensor, dict]:
+def focal_loss_weighting(token_nll: torch.Tensor, mask: torch.Tensor, args) -> tuple[torch.Tensor, dict]:
     gamma = float((args.weighting_kwargs or {}).get("gamma", 2.0))
     if gamma < 0:
         raise ValueError(f"weighting_kwargs['gamma'] must be >= 0, got {gamma}")
@@ -19,4 +20,4 @@ def focal_weighting(token_nll: torch.Tensor, mask: torch.Tensor, args) -> tuple[
 
 @hookimpl
 def adaptguard_token_weightings():
-    return {"focal": focal_weighting}
+    return {"focal_loss": focal_loss_weighting}
