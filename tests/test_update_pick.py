@@ -152,6 +152,17 @@ def test_dev_seeds_average_each_setting_over_seeds(tmp_path, embedded_path):
         nfr = sum(sum(o and not c for o, c in zip(dev["v1"], r)) / len(r) for r in runs) / 2
         assert (row["acc"], row["nfr"], row["seeds"]) == (pytest.approx(acc), pytest.approx(nfr), 2)
     assert "Seed noise was not measured (one test seed)" in report["verdict"]
+    # report.html: the verdict first, and the rows of the flipped items are the shipped adapter's flips against v1
+    from test_html_page import Rows
+
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert page.index(report["verdict"].split(":")[0]) < page.index('id="flips"')
+    test = stored_scores(tmp_path / "out", "test")
+    shipped = test[f"{report['dev']['chosen_setting']['label']} seed 0"]
+    want = {("test", i, "broke" if o else "fixed") for i, (o, n) in enumerate(zip(test["v1"], shipped)) if o != n}
+    rows = Rows()
+    rows.feed(page)
+    assert set(rows.rows) == want and all(link.startswith("data:image/png") for link in rows.links)
 
 
 def test_the_rule_compares_at_matched_accuracy():

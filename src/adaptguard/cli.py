@@ -65,18 +65,20 @@ def _compare(ns: argparse.Namespace) -> int:
 
         report["gate"] = check_gate(report, ns.fail_on, ns.significance)
     flips = {}
-    if ns.show_flips or ns.flips_out:  # one pass over the sample files serves both
+    every = bool(ns.flips_out or ns.html)
+    if ns.show_flips or every:  # one pass over the sample files serves all three
         from .compat.flips import flipped_documents
 
-        flips = {task: flipped_documents(e, negative_only=not ns.flips_out, limit=None if ns.flips_out else ns.show_flips)
+        flips = {task: flipped_documents(e, negative_only=not every, limit=None if every else ns.show_flips)
                  for task, e in report["tasks"].items()}
     if ns.show_flips:  # negative flips come first in each task's list
         report["negative_flips"] = {task: [f for f in found if f["kind"] == "negative"][: ns.show_flips]
                                     for task, found in flips.items()}
-    all_flips = [{"task": task, **flip} for task, found in flips.items() for flip in found] if ns.flips_out else None
+    all_flips = [{"task": task, **flip} for task, found in flips.items() for flip in found] if every else None
     print(to_text(report))
-    write_outputs(report, ns.json, ns.markdown, ns.plot, flips_path=ns.flips_out, flips=all_flips)
-    for label, path in (("json", ns.json), ("markdown", ns.markdown), ("plot", ns.plot), ("flips", ns.flips_out)):
+    write_outputs(report, ns.json, ns.markdown, ns.plot, flips_path=ns.flips_out, flips=all_flips, html_path=ns.html)
+    for label, path in (("json", ns.json), ("markdown", ns.markdown), ("plot", ns.plot), ("flips", ns.flips_out),
+                        ("page", ns.html)):
         if path:
             print(f"{label}: {path}")
     if ns.fail_on:
@@ -514,6 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--json", help="write the metrics as JSON")
     cmp.add_argument("--markdown", help="write the table as Markdown")
     cmp.add_argument("--plot", help="draw the flip quadrants as PNG")
+    cmp.add_argument("--html", metavar="FILE", help="write one self-contained page (no server, nothing fetched): the "
+                     "verdict, the table, the figure and every flipped item, filterable by task and direction, "
+                     "searchable and sortable")
     cmp.add_argument("--n-boot", type=positive_int, default=2000, help="bootstrap resamples for the intervals")
     cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     cmp.add_argument("--show-flips", type=positive_int, metavar="N",

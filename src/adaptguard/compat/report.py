@@ -264,12 +264,28 @@ def plot_quadrants(report: dict, path: Path) -> None:
     save_figure(fig, path, dpi=100)
 
 
+def figure_png(report: dict) -> bytes | None:
+    """The flip-quadrant figure as PNG bytes (None without matplotlib, the [plots] extra)."""
+    import importlib.util
+    import tempfile
+
+    if importlib.util.find_spec("matplotlib") is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        plot_quadrants(report, Path(tmp) / "flips.png")
+        return (Path(tmp) / "flips.png").read_bytes()
+
+
 def write_outputs(report: dict, json_path=None, markdown_path=None, plot_path=None, *, flips_path=None,
-                  flips: list[dict] | None = None) -> None:
+                  flips: list[dict] | None = None, html_path=None) -> None:
     """Render the texts, draw and write the figure (the step most likely to fail), then write the texts; each file
     atomically, so a failure or an interruption leaves no half-written file and no report without its figure.
-    `flips` (every flipped document) goes to `flips_path` as JSON lines."""
+    `flips` (every flipped document) goes to `flips_path` as JSON lines, and into the page at `html_path`."""
     rendered = []
+    if html_path:
+        from .html import compare_page
+
+        rendered.append((Path(html_path), compare_page(report, flips or [], figure_png(report))))
     if json_path:
         rendered.append((Path(json_path), to_json(report)))
     if markdown_path:

@@ -423,6 +423,52 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def update_page(report: dict, test_flips: list[dict], dev_png: bytes | None) -> str:
+    """`report.html`: the verdict first, the dev trade-off (every setting, the figure), the pick against the control
+    on test, and the items the shipped adapter flipped against v1 on test."""
+    from ..compat.html import figure, flips_section, page, table
+
+    ch, test = report["dev"], report["test"]
+
+    def f(v):
+        return "–" if v is None else f"{v:.3f}"
+
+    dev_rows = [[r["label"], f(r["acc"]), f(r["nfr"]), f(r["pfr"]), f(r["btc"]),
+                 "yes" if r["acc"] >= ch["accuracy_floor"] - 1e-12 else "no",
+                 "pick" if i == ch["chosen"] else "best control" if i == ch["best_control"] else ""]
+                for i, r in enumerate(ch["settings"])]
+    test_rows = [[arm, f(m["new_acc"]), f(m["nfr"]), f(m["pfr"]), f(m["btc"])] for arm, m in test["arms"].items()]
+    sections = [f"<p>Old base {report['old_base']} → new base {report['new_base']}; {report['n_train']} train, "
+                f"{ch['n_dev']} dev, {test['n_test']} test items. Rule: {ch['rule']}; accuracy floor "
+                f"{ch['accuracy_floor']:.3f}.</p>", "<h2>Dev: every setting (flips against v1)</h2>",
+                table(["setting", "dev accuracy", "NFR", "PFR", "BTC", "eligible", ""], dev_rows)]
+    if dev_png:
+        sections.append(figure(dev_png, "every setting's dev accuracy against its NFR"))
+    sections += [f"<h2>Test: the pick against the control (seeds {test['seeds']}, means over seeds)</h2>",
+                 table(["model", "accuracy", "NFR", "PFR", "BTC"], test_rows)]
+    counts: dict[str, dict[str, int]] = {}
+    for x in test_flips:
+        counts.setdefault(x["task"], {}).setdefault(x["kind"], 0)
+        counts[x["task"]][x["kind"]] += 1
+    sections.append(flips_section(test_flips, counts, note="The shipped adapter (seed of chosen/) against v1 on the "
+                                                           "test items. "))
+    return page("Update: the recipe chosen on dev, tested against the control", report["verdict"],
+                "MORE answers" in report["verdict"], sections)
+
+
+def flipped_test_items(rows: list[dict], v1: dict, shipped: dict) -> list[dict]:
+    """The test items the shipped adapter flipped against v1, broke first: prompt, gold, v1's and its answer."""
+    from ..utils.generation import answer_text
+
+    out = []
+    for i, (r, o, n) in enumerate(zip(rows, v1["correct"], shipped["correct"])):
+        if o != n:
+            prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
+            out.append({"task": "test", "doc_id": i, "kind": "negative" if o else "positive", "prompt": prompt,
+                        "gold": answer_text(r["completion"]), "old": v1["pred"][i], "new": shipped["pred"][i]})
+    return sorted(out, key=lambda x: x["kind"] != "negative")
+
+
 def plot_dev(choices: dict, path: Path) -> None:
     """Dev accuracy vs NFR of every setting, by recipe; the accuracy floor; the pick and the best control marked."""
     from ..utils.figures import new_figure, save_figure
@@ -473,4 +519,7 @@ def run_pick(cfg: UpdateConfig, dry_run: bool = False) -> dict:
               "seconds": time.perf_counter() - start}
     atomic_write_text(pick.out / "report.json", json.dumps(report, indent=2, default=str))
     atomic_write_text(pick.out / "report.md", markdown(report))
+    shipped = pick.setting_scores(pick.settings[choices["chosen"]], pick.cfg.seed, "test")
+    atomic_write_text(pick.out / "report.html", update_page(report, flipped_test_items(pick.rows["test"], pick.v1_scores(
+        "test"), shipped), (pick.out / "dev_tradeoff.png").read_bytes()))
     return report

@@ -1,0 +1,180 @@
+"""One self-contained HTML page per comparison: the verdict, the per-task table with a legend, the flip-quadrant
+figure, and the flipped items — prompt, gold, old and new answer, the changed words marked — filterable by task and
+direction, searchable and sortable.
+
+Nothing is fetched: the CSS, the script and the figure (base64 PNG) are inline, so the file opens from disk in any
+browser and can be attached to a CI run. Without its script the page still reads: every table is HTML, and the
+script only filters, searches and sorts the rows that are there.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import html
+
+CAP_PER_TASK = 300  # flipped items shown per task (the rest are counted, and in --flips-out)
+
+STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222;
+padding:0 16px}
+h1{font-size:22px} h2{font-size:18px;margin-top:28px} table{border-collapse:collapse;width:100%;margin:8px 0}
+th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4;position:sticky;top:0} th.sortable{cursor:pointer} th.sortable:after{content:" ⇅";color:#999}
+.verdict{font-size:16px;padding:10px 14px;border-radius:6px;background:#eef6ee;border:1px solid #9c9}
+.verdict.failed{background:#fbeaea;border-color:#d99} .note{color:#666;font-size:13px}
+.kind-negative td.kind{color:#b00;font-weight:600} .kind-positive td.kind{color:#070;font-weight:600}
+del{background:#fdd;text-decoration:line-through} ins{background:#dfd;text-decoration:none}
+.controls{display:flex;gap:12px;align-items:center;margin:8px 0;flex-wrap:wrap} .prompt{max-width:420px}
+td.answer{font-family:ui-monospace,Menlo,monospace;font-size:13px;white-space:pre-wrap}
+img{max-width:100%} code{background:#f4f4f4;padding:0 3px}
+"""
+
+SCRIPT = """
+(function () {
+  var rows = Array.prototype.slice.call(document.querySelectorAll('#flips tbody tr'));
+  var task = document.getElementById('task'), kind = document.getElementById('kind');
+  var search = document.getElementById('search'), shown = document.getElementById('shown');
+  function apply() {
+    var t = task.value, k = kind.value, q = search.value.toLowerCase(), n = 0;
+    rows.forEach(function (r) {
+      var ok = (!t || r.dataset.task === t) && (!k || r.dataset.kind === k) &&
+               (!q || r.textContent.toLowerCase().indexOf(q) >= 0);
+      r.style.display = ok ? '' : 'none';
+      if (ok) n++;
+    });
+    shown.textContent = n;
+  }
+  [task, kind].forEach(function (e) { e.addEventListener('change', apply); });
+  search.addEventListener('input', apply);
+  document.querySelectorAll('#flips th.sortable').forEach(function (th, col) {
+    var up = true;
+    th.addEventListener('click', function () {
+      var idx = Array.prototype.indexOf.call(th.parentNode.children, th);
+      var body = document.querySelector('#flips tbody');
+      rows.sort(function (a, b) {
+        var x = a.children[idx].dataset.sort || a.children[idx].textContent;
+        var y = b.children[idx].dataset.sort || b.children[idx].textContent;
+        var nx = parseFloat(x), ny = parseFloat(y);
+        var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+        return up ? c : -c;
+      });
+      up = !up;
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+  apply();
+})();
+"""
+
+
+def _e(value) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def marked_difference(old: str, new: str) -> tuple[str, str]:
+    """(old, new) as HTML with the words that differ marked: `<del>` in the old answer, `<ins>` in the new."""
+    a, b = str(old).split(" "), str(new).split(" ")
+    left, right = [], []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        x, y = _e(" ".join(a[i1:i2])), _e(" ".join(b[j1:j2]))
+        if op == "equal":
+            left.append(x)
+            right.append(y)
+        else:
+            if x:
+                left.append(f"<del>{x}</del>")
+            if y:
+                right.append(f"<ins>{y}</ins>")
+    return " ".join(left), " ".join(right)
+
+
+def table(header: list[str], rows: list[list[str]], escape: bool = True) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c) if escape else c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def flips_section(flips: list[dict], counts: dict[str, dict[str, int]], cap: int = CAP_PER_TASK,
+                  note: str = "") -> str:
+    """The flipped items' table with its controls. `flips`: `[{task, doc_id, kind, prompt, gold, old, new}]`
+    (negative first); `counts`: per task, how many flips of each kind there are in all (for the capped note)."""
+    shown, per_task = [], {}
+    for f in flips:
+        k = (f["task"], f["kind"])
+        per_task[k] = per_task.get(k, 0) + 1
+        if per_task[k] <= cap:
+            shown.append(f)
+    capped = [f"{task}: {n - cap} more {kind} flips not shown" for (task, kind), n in per_task.items() if n > cap]
+    tasks = sorted({f["task"] for f in flips})
+    rows = []
+    for f in shown:
+        old, new = (marked_difference(f["old"], f["new"]) if isinstance(f["old"], str) and isinstance(f["new"], str)
+                    else (_e(f["old"]), _e(f["new"])))
+        label = "broke" if f["kind"] == "negative" else "fixed"
+        rows.append(f'<tr class="kind-{f["kind"]}" data-task="{_e(f["task"])}" data-kind="{label}">'
+                    f'<td>{_e(f["task"])}</td><td data-sort="{_e(f["doc_id"])}">{_e(f["doc_id"])}</td>'
+                    f'<td class="kind">{label}</td><td class="prompt">{_e(f.get("prompt"))}</td>'
+                    f'<td class="answer">{_e(f.get("gold"))}</td><td class="answer">{old}</td>'
+                    f'<td class="answer">{new}</td></tr>')
+    options = "".join(f'<option value="{_e(t)}">{_e(t)}</option>' for t in tasks)
+    total = sum(n for c in counts.values() for n in c.values())
+    return (f'<h2>The flipped items</h2><p class="note">{_e(note)}Broke = right before, wrong after (a negative '
+            f'flip); fixed = wrong before, right after. {total} flips in all; the changed words of an answer are '
+            f'marked.</p>'
+            + (f'<p class="note" id="capped">Up to {cap} per task and direction are shown: '
+               f'{_e("; ".join(capped))} (every flip: <code>--flips-out</code>).</p>' if capped else "")
+            + f'<div class="controls"><label>task <select id="task"><option value="">all</option>{options}</select>'
+              f'</label><label>direction <select id="kind"><option value="">both</option><option value="broke">'
+              f'broke</option><option value="fixed">fixed</option></select></label><label>search <input id="search" '
+              f'type="search" placeholder="prompt or answer"></label><span><span id="shown">{len(rows)}</span> '
+              f'shown</span></div>'
+            + '<table id="flips"><thead><tr>' + "".join(
+                f'<th class="sortable">{h}</th>' for h in ("task", "doc", "direction", "prompt", "gold", "old answer",
+                                                            "new answer"))
+            + f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def page(title: str, verdict: str, failed: bool, sections: list[str]) -> str:
+    """The whole page: title, the verdict first, then the sections (HTML strings), the style and script inline."""
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{STYLE}</style></head><body>'
+            f'<h1>{_e(title)}</h1><div class="verdict{" failed" if failed else ""}" id="verdict">{_e(verdict)}</div>'
+            + "".join(sections) + f"<script>{SCRIPT}</script></body></html>\n")
+
+
+def figure(png: bytes, alt: str) -> str:
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def compare_page(report: dict, flips: list[dict], figure_png: bytes | None) -> str:
+    """`adaptguard compare --html`: the gate's outcome (or the tasks' verdicts) first, the table, the sentences, the
+    legend, the figure, then the flipped items."""
+    from .gate import describe
+    from .report import LEGEND, _explained, _names, table_rows
+
+    gate = report.get("gate")
+    if gate is not None:
+        verdict, failed = describe(gate).replace("\n", " "), not gate["passed"]
+    else:
+        flagged = [n for n, e in report["tasks"].items() if (e.get("regression") or {}).get("flagged")]
+        verdict = (f"Regressions the data support on {len(flagged)} of {len(report['tasks'])} tasks: "
+                   f"{', '.join(flagged)}." if flagged else
+                   f"No regression the data support on any of the {len(report['tasks'])} tasks.")
+        failed = bool(flagged)
+    header, rows = table_rows(report)
+    counts: dict[str, dict[str, int]] = {}
+    for f in flips:
+        counts.setdefault(f["task"], {}).setdefault(f["kind"], 0)
+        counts[f["task"]][f["kind"]] += 1
+    replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report["tasks"].values())
+    sections = [f"<p>{_names(report['old'])} → {_names(report['new'])}</p>".replace("`", ""),
+                "<h2>Per task</h2>", table(header, rows), "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in
+                                                                            _explained(report)) + "</ul>",
+                "<p class='note'>" + "<br>".join(_e(x) for x in LEGEND) + "</p>"]
+    if figure_png:
+        sections += ["<h2>Flip quadrants</h2>", figure(figure_png, "flip quadrants per task")]
+    note = "With replicate runs, the items are the flips of the first old run to the first new run. " \
+        if replicated else ""
+    sections.append(flips_section(flips, counts, note=note))
+    return page("What the update broke", verdict, failed, sections)
