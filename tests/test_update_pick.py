@@ -310,7 +310,9 @@ def test_default_candidates_follow_e3s_registered_rule(tmp_path):
     from adaptguard.update.candidates import expand_candidates
 
     report = json.loads((Path(__file__).parents[1] / "docs/results/e3_records/e3/report.json").read_text())
-    reproduced = {arm for u in report["updates"].values() for arm, r in u["arms"].items()
+    recipe_of = {"muscle": "muscle_ce", "ll_l": "ll_l_ce", "kd": "kd", "focal": "focal"}  # E3's arms: eq. 1 / LL_L + CE
+    arm_of = {r: a for a, r in recipe_of.items()}
+    reproduced = {recipe_of[arm] for u in report["updates"].values() for arm, r in u["arms"].items()
                   if r.get("vs_control", {}).get("delta_nfr_ci", [0, 0])[1] < 0}
     cfg = UpdateConfig(old_base="embedded:tiny", new_base="embedded:tiny-v2", train=[], test=[], dev=[],
                        compat_learning_rate=3e-4, compat_epochs=2)
@@ -322,6 +324,7 @@ def test_default_candidates_follow_e3s_registered_rule(tmp_path):
         assert extra.get("ce_weight", 1.0) == 1.0 and (s.recipe == "control" or extra["temperature"] == 2.0)
         if s.recipe != "control":  # the fields a trainer resolves are E3's arm's
             default, e3 = ({f: getattr(c, f) for f in (*RECIPE_FIELDS, "temperature")} for c in (
-                MUSCLEConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, recipe=s.recipe, **fields)
-                for fields in (extra, {"temperature": 2.0, **ARMS[s.recipe]})))
+                MUSCLEConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, recipe=recipe, **fields)
+                for recipe, fields in ((s.recipe, extra), (arm_of[s.recipe], {"temperature": 2.0,
+                                                                               **ARMS[arm_of[s.recipe]]}))))
             assert default == e3, s.recipe

@@ -40,10 +40,16 @@ RECIPES = {
         "the equal-budget control: the same adapter training on the task's labels, without v1", distills=False),
     "muscle": UpdateRecipe(
         {"mask": "student_wrong"}, "L = Σ m·KL_old + (1 − m)·KL_new + λ_CE·CE, m = 1[student's argmax ≠ label]",
-        "MUSCLE, Echterhoff et al. 2024 (arXiv 2407.09435) eq. 1–2; the auxiliary CE for large accuracy gaps, §5"),
+        "MUSCLE, Echterhoff et al. 2024 (arXiv 2407.09435) eq. 1–2 (λ_CE 0 unless set; `muscle_ce` sets it to 1)"),
+    "muscle_ce": UpdateRecipe(
+        {"mask": "student_wrong", "ce_weight": 1.0}, "L = Σ m·KL_old + (1 − m)·KL_new + CE, m = 1[student's argmax ≠ "
+        "label]", "MUSCLE eq. 1 with the auxiliary cross-entropy at weight 1 (Echterhoff et al. 2024, §5)"),
     "ll_l": UpdateRecipe(
         {"mask": "old_likelier_token"}, "L = Σ m·KL_old + (1 − m)·KL_new + λ_CE·CE, m = 1[p_old(y) > p_new(y)]",
         "MUSCLE, Echterhoff et al. 2024 (arXiv 2407.09435) §6.5, the LL_L mask"),
+    "ll_l_ce": UpdateRecipe(
+        {"mask": "old_likelier_token", "ce_weight": 1.0}, "L = Σ m·KL_old + (1 − m)·KL_new + CE, m = 1[p_old(y) > "
+        "p_new(y)]", "the LL_L mask (§6.5) with the auxiliary cross-entropy at weight 1"),
     "focal": UpdateRecipe(
         {"mask": "old_only", "ce_weight": 1.0, "focal_alpha": 1.0, "focal_beta": 5.0},
         "L = CE(y) + λ·(α + β·1[v1 right on i])·KL(p_old,T ‖ p_θ,T)",

@@ -174,13 +174,12 @@ class UpdateConfig:
     def default_candidates(self) -> list[dict]:
         """The pick's candidates when none are given, at the compat learning rate and epochs: the control and every
         recipe that E3 (docs/results.md §8) found to break fewer of v1's answers than the control on some update,
-        with E3's settings: `muscle` and `ll_l` with the auxiliary cross-entropy (`ce_weight` 1, paper 002 §5), `kd`
-        and `focal` (α 1, β 5); T = `temperature`."""
+        with E3's settings: `muscle_ce` and `ll_l_ce` (eq. 1 and LL_L with the auxiliary cross-entropy, paper 002
+        §5), `kd` and `focal` (α 1, β 5); T = `temperature`."""
         budget = {"learning_rate": [self.compat_learning_rate], "epochs": [max(1, round(self.compat_epochs))]}
         distill = {"temperature": [self.temperature]}
         return [{"recipe": "control", **budget},
-                *({"recipe": r, **budget, **distill, "ce_weight": [1.0]} for r in ("muscle", "ll_l")),
-                *({"recipe": r, **budget, **distill} for r in ("kd", "focal"))]
+                *({"recipe": r, **budget, **distill} for r in ("muscle_ce", "ll_l_ce", "kd", "focal"))]
 
     @property
     def old_is_full_model(self) -> bool:
