@@ -3,6 +3,7 @@
     python benchmarks/bench_muscle.py                 # vocab 32k, seq 256, batch 4, 20 rounds
     python benchmarks/bench_muscle.py --steps 40 --seq 512
     python benchmarks/bench_muscle.py --vocab 32768,131072,262144 --seq 1024 --batch 1 --steps 5 --with-logits
+    python benchmarks/bench_muscle.py --vocab 131072 --seq 1024 --batch 8 --hidden 1024 --layers 8 --bf16 --device cuda
 
 Trainers on identical tiny Llama models built from config: plain SFT with a LoRA adapter (TRL's fused LM
 head; the baseline), MUSCLE with the old model online, and MUSCLE reading a top-k (k = 64) cache of the old
@@ -11,9 +12,13 @@ path (`loss_implementation="logits"`) for comparison. Each round runs one traini
 order; the script prints the medians of the per-round ratios. `--vocab`, `--seq` and `--batch` take
 comma-separated lists: one line per combination, then a table. Goals (issue 16, at V = 131072, L = 1024):
 `muscle_peak_memory_ratio` ≤ 1.3, `muscle_cached_peak_memory_ratio` ≤ 1.15, `muscle_step_time_ratio` ≤ 1.8,
-`muscle_cached_step_time_ratio` ≤ 1.35, and memory flat in V. Memory: peak growth of a fresh subprocess per
-variant (alternated, median of `--memory-repeats`): peak RSS on CPU, `torch.cuda.max_memory_allocated` on a
-GPU. `v2_base_copies`: copies of the new base's weights in the MUSCLE trainer (goal 1).
+`muscle_cached_step_time_ratio` ≤ 1.35, and memory flat in V; on an H100 (issue 56), fp32 and bf16 at V 131k:
+online ≤ 1.4×, cached ≤ 1.15×, memory ≤ 1.0×. Memory: peak growth of a fresh subprocess per variant (alternated,
+median of `--memory-repeats`): peak RSS on CPU, `torch.cuda.max_memory_allocated` on a GPU. `v2_base_copies`:
+copies of the new base's weights in the MUSCLE trainer (goal 1). `*_op_ratio`: the operator launches of one step
+against SFT's, from `torch.profiler` — CUDA kernels on a GPU, the leaf aten operators on CPU — a measure of the
+small-kernel overhead that needs no GPU (goal ≤ 1.5). `--compile-loss` fuses the tiles with torch.compile (the
+default on CUDA; `--compile-loss off` forces it off).
 """
 
 from __future__ import annotations
@@ -86,9 +91,9 @@ def build(variant: str, root: Path, args):
 
     data = load_from_disk(str(root / "data"))
     tok = AutoTokenizer.from_pretrained(root / "v2")
-    common = dict(output_dir=str(root / f"out-{variant}"), bf16=False, **no_activation_checkpointing(),
+    common = dict(output_dir=str(root / f"out-{variant}"), bf16=args.bf16, **no_activation_checkpointing(),
                   report_to="none", per_device_train_batch_size=args.batch, max_length=args.seq + 8,
-                  learning_rate=1e-5, use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
+                  learning_rate=1e-5, use_cpu=args.device == "cpu", disable_tqdm=True)
     if variant == "sft":
         trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(root / "v2"), args=SFTConfig(**common),
                              train_dataset=data, processing_class=tok,
@@ -97,9 +102,10 @@ def build(variant: str, root: Path, args):
     else:
         extra = {"old_logits_cache": str(root / "cache")} if variant == "cached" else {"old_model": str(root / "v1")}
         implementation = "logits" if variant == "muscle_logits" else "tiled"
+        compile_loss = {"auto": None, "on": True, "off": False}[args.compile_loss]
         trainer = MUSCLETrainer(model=str(root / "v2"), args=MUSCLEConfig(
-            new_adapter=str(root / "v2_adapter"), loss_implementation=implementation, **extra, **common),
-            train_dataset=data, processing_class=tok)
+            new_adapter=str(root / "v2_adapter"), loss_implementation=implementation, compile_loss=compile_loss,
+            **extra, **common), train_dataset=data, processing_class=tok)
     trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
     trainer.current_gradient_accumulation_steps = 1
     batch = next(iter(trainer.get_train_dataloader()))
@@ -108,11 +114,30 @@ def build(variant: str, root: Path, args):
 
 
 def step(trainer, batch, n_items) -> float:
+    cuda = next(trainer.model.parameters()).is_cuda
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     trainer.training_step(trainer.model, dict(batch), n_items)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def op_launches(trainer, batch, n_items) -> int:
+    """Operators one training step launches: CUDA kernels on a GPU, the leaf aten operators (those that call no
+    other operator) on CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = next(trainer.model.parameters()).is_cuda
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        step(trainer, batch, n_items)
+    events = prof.events()
+    if cuda:
+        return sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    return sum(1 for e in events if e.name.startswith("aten::") and not e.cpu_children)
 
 
 def base_copies(trainer) -> int:
@@ -124,7 +149,7 @@ def base_copies(trainer) -> int:
 def memory_child(variant: str, root: Path, args) -> None:
     trainer, batch, n = build(variant, root, args)
     step(trainer, batch, n)
-    if torch.cuda.is_available():
+    if args.device == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
@@ -132,7 +157,7 @@ def memory_child(variant: str, root: Path, args) -> None:
         base = reset_peak_rss()
     for _ in range(3):
         step(trainer, batch, n)
-    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else peak_rss()
+    peak = torch.cuda.max_memory_allocated() if args.device == "cuda" else peak_rss()
     print(json.dumps({"peak_growth": peak - base}))
 
 
@@ -151,10 +176,12 @@ def measure(args) -> dict:
             for v in variants[i % len(variants):] + variants[:i % len(variants)]:
                 times[v].append(step(*bundles[v]))
         copies = base_copies(bundles["muscle"][0])
+        ops = {v: op_launches(*b) for v, b in bundles.items()}
         del bundles
         peaks = {v: [] for v in variants}
         cmd = [sys.executable, __file__, *[f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
-                                         ("vocab", "seq", "batch", "hidden", "layers", "lora_r", "k")]]
+                                         ("vocab", "seq", "batch", "hidden", "layers", "lora_r", "k", "device",
+                                          "compile_loss")], *(["--bf16"] if args.bf16 else [])]
         for i in range(args.memory_repeats):
             for v in (variants if i % 2 == 0 else variants[::-1]):
                 out = subprocess.run([*cmd, "--_child", v, str(root)], capture_output=True, text=True, check=True,
@@ -172,7 +199,10 @@ def measure(args) -> dict:
         "sft_peak_growth_mib": round(med["sft"] / 2**20, 1),
         "muscle_peak_growth_mib": round(med["muscle"] / 2**20, 1),
         "muscle_cached_peak_growth_mib": round(med["cached"] / 2**20, 1),
-        "v2_base_copies": copies, "rounds": args.steps, "k": args.k,
+        "muscle_op_ratio": round(ops["muscle"] / ops["sft"], 3),
+        "muscle_cached_op_ratio": round(ops["cached"] / ops["sft"], 3), "sft_ops": ops["sft"],
+        "v2_base_copies": copies, "rounds": args.steps, "k": args.k, "dtype": "bf16" if args.bf16 else "fp32",
+        "device": args.device, "compile_loss": args.compile_loss,
     }
     if args.with_logits:
         result["muscle_logits_step_time_ratio"] = round(ratio("muscle_logits"), 3)
@@ -192,6 +222,10 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--memory-repeats", type=int, default=3)
     parser.add_argument("--with-logits", action="store_true", help="also MUSCLE on the full-logits path")
+    parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision (TRL's bf16=True) for every trainer")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile-loss", choices=["auto", "on", "off"], default="auto",
+                        help="MUSCLEConfig.compile_loss: auto (on CUDA only), on, off")
     parser.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     import datasets
@@ -210,7 +244,7 @@ def main() -> None:
         args.vocab, args.seq, args.batch = vocab, seq, batch
         rows.append(measure(args))
         print(json.dumps(rows[-1]), flush=True)
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(f"\n{device}, torch {torch.__version__}")
     columns = [k for k in rows[0] if k not in ("rounds", "k")]
     print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))

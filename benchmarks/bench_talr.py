@@ -3,6 +3,7 @@
     python benchmarks/bench_talr.py                  # vocab 32k, seq 512, batch 4, 20 paired steps
     python benchmarks/bench_talr.py --steps 40 --seq 1024
     python benchmarks/bench_talr.py --kl-beta 0.001 --vocab 131072 --seq 1024 --batch 1   # TALR + KL to a frozen copy
+    python benchmarks/bench_talr.py --vocab 131072 --seq 2048 --batch 4 --hidden 1024 --layers 8 --bf16 --device cuda
 
 Both trainers train identical tiny Llama models (built from config, vocabulary ≥ 32k so the LM head
 and loss matter) on the same batch. Step time = forward + backward + optimizer step through each
@@ -51,9 +52,9 @@ def build(variant: str, args, out: str):
     for _ in range(args.batch):
         ids = torch.randint(3, args.vocab, (args.seq,), generator=g).tolist()
         rows.append({"input_ids": ids, "completion_mask": [0] * (args.seq // 4) + [1] * (args.seq - args.seq // 4)})
-    common = dict(output_dir=out, bf16=False, **no_activation_checkpointing(), report_to="none",
+    common = dict(output_dir=out, bf16=args.bf16, **no_activation_checkpointing(), report_to="none",
                   per_device_train_batch_size=args.batch, max_length=args.seq, learning_rate=1e-5,
-                  use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
+                  use_cpu=args.device == "cpu", disable_tqdm=True)
     if variant == "sft":
         trainer = SFTTrainer(model=model, args=SFTConfig(**common), train_dataset=Dataset.from_list(rows),
                              processing_class=tok)
@@ -69,13 +70,14 @@ def build(variant: str, args, out: str):
 
 
 def step(trainer, batch, n_items) -> float:
-    if torch.cuda.is_available():
+    cuda = next(trainer.model.parameters()).is_cuda
+    if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
     trainer.training_step(trainer.model, dict(batch), n_items)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
-    if torch.cuda.is_available():
+    if cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - start
 
@@ -85,14 +87,14 @@ def measure_memory_child(variant: str, args) -> None:
     with tempfile.TemporaryDirectory() as out:
         trainer, batch, n_items = build(variant, args, out)
         step(trainer, batch, n_items)  # optimizer state exists from here on
-        if torch.cuda.is_available():
+        if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
         else:
             base = reset_peak_rss()
         for _ in range(3):
             step(trainer, batch, n_items)
-        peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else peak_rss()
+        peak = torch.cuda.max_memory_allocated() if args.device == "cuda" else peak_rss()
         print(json.dumps({"peak_growth": peak - base}))
 
 
@@ -122,6 +124,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--memory-repeats", type=int, default=3)
     parser.add_argument("--kl-beta", type=float, default=0.0, help="TALR side with the KL baseline (frozen copy)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision (TRL's bf16=True) for both trainers")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--_memory-child", dest="memory_child", choices=["sft", "talr"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -148,7 +152,8 @@ def main() -> None:
 
     peaks = {"sft": [], "talr": []}
     cmd = [sys.executable, __file__, "--vocab", str(args.vocab), "--seq", str(args.seq), "--batch", str(args.batch),
-           "--hidden", str(args.hidden), "--layers", str(args.layers), "--kl-beta", str(args.kl_beta)]
+           "--hidden", str(args.hidden), "--layers", str(args.layers), "--kl-beta", str(args.kl_beta), "--device",
+           args.device, *(["--bf16"] if args.bf16 else [])]
     for i in range(args.memory_repeats):
         for variant in (["sft", "talr"] if i % 2 == 0 else ["talr", "sft"]):
             out = subprocess.run([*cmd, "--_memory-child", variant], capture_output=True, text=True, check=True,
@@ -162,7 +167,8 @@ def main() -> None:
         "sft_peak_growth_mib": round(statistics.median(peaks["sft"]) / 2**20, 1),
         "talr_peak_growth_mib": round(statistics.median(peaks["talr"]) / 2**20, 1),
         "kl_beta": args.kl_beta, "paired_steps": args.steps, "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
-        "device": "cuda" if torch.cuda.is_available() else "cpu", "torch_threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "dtype": "bf16" if args.bf16
+        else "fp32", "torch_threads": torch.get_num_threads(),
     }
     for key, value in result.items():
         print(f"{key}: {value}")

@@ -89,6 +89,12 @@ class MUSCLEConfig(SFTConfig):
         metadata={"help": "Vocabulary entries per tile of the tiled loss: the extra memory is a few float32 tensors "
                   "of kl_chunk_size x vocab_chunk_size."},
     )
+    compile_loss: bool | None = field(
+        default=None,
+        metadata={"help": "Fuse each tile of the tiled loss with torch.compile (a few kernels per tile instead of "
+                  "~100 small ones; the first step compiles, ~20 s). None: on a CUDA device only; True also helps "
+                  "on CPU (measured: the per-tile fold ~6x faster)."},
+    )
 
     def __post_init__(self):
         default_bf16(self)  # on a machine without bf16, TRL's default would refuse to start

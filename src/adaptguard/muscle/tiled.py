@@ -56,6 +56,7 @@ class _Spec:
     vocab_chunk: int
     post: tuple  # (softcap, scale) of the student, new and old heads
     labels: torch.Tensor  # (B, T)
+    compiled: bool = False  # the per-tile folds through torch.compile
 
 
 def _tile(hidden: torch.Tensor, weight: torch.Tensor, bias, post: tuple, v0: int, v1: int) -> torch.Tensor:
@@ -69,15 +70,51 @@ def _tile(hidden: torch.Tensor, weight: torch.Tensor, bias, post: tuple, v0: int
     return softcap * torch.tanh(z / softcap) if softcap else z
 
 
-def _rescale(state_max: torch.Tensor, tile_max: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    new_max = torch.maximum(state_max, tile_max)
-    return new_max, torch.exp(state_max - new_max)  # exp(−inf) = 0 on the first tile
+def _fold(max1, sum1, top_value, top1, label_logit, z_sum, max_t, sum_t, cross, z, labels, v0, temperature: float,
+          student_b):
+    """One vocabulary tile (n, w) folded into one model's running per-token statistics (see `_Stats`); pure, so a
+    compiler can fuse its ~30 elementwise ops and reductions into a few kernels. `v0` (0-d long tensor) is the tile's
+    first vocabulary index; `z_sum` / `cross` / `student_b` are None where unused (teacher / student)."""
+    width = z.shape[1]
+    tile_max, tile_arg = z.max(-1)
+    better = tile_max > top_value  # strict: the first maximum wins, as torch.argmax
+    top_value = torch.where(better, tile_max, top_value)
+    top1 = torch.where(better, tile_arg + v0, top1)
+    new_max = torch.maximum(max1, tile_max)
+    scale = torch.exp(max1 - new_max)  # exp(−inf) = 0 on the first tile
+    e1 = torch.exp(z - new_max[:, None])
+    sum1 = sum1 * scale + e1.sum(-1)
+    if z_sum is not None:
+        z_sum = z_sum * scale + (e1 * z).sum(-1)
+    offset = labels - v0
+    here = (offset >= 0) & (offset < width)
+    label_logit = torch.where(here, z.gather(1, offset.clamp(0, width - 1)[:, None])[:, 0], label_logit)
+    a = z / temperature
+    new_max_t = torch.maximum(max_t, tile_max / temperature)
+    scale = torch.exp(max_t - new_max_t)
+    e = torch.exp(a - new_max_t[:, None])
+    sum_t = sum_t * scale + e.sum(-1)
+    if cross is not None:
+        cross = cross * scale + (e * (a - student_b)).sum(-1)
+    return new_max, sum1, top_value, top1, label_logit, z_sum, new_max_t, sum_t, cross
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(fn):
+    """`fn` compiled once per process (dynamic shapes: the tiles' sizes vary at the edges)."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
 
 
 class _Stats:
     """Running per-token statistics of one model's logits over vocabulary tiles (n rows)."""
 
-    def __init__(self, n: int, device, teacher: bool):
+    FIELDS = ("max1", "sum1", "top_value", "top1", "label_logit", "z_sum", "max_t", "sum_t", "cross")
+
+    def __init__(self, n: int, device, teacher: bool, compiled: bool = False):
         def full(v):
             return torch.full((n,), v, dtype=torch.float32, device=device)
 
@@ -87,33 +124,46 @@ class _Stats:
         self.z_sum = None if teacher else full(0.0)  # Σ e^(z − max1)·z: the student's entropy = lse1 − z_sum/sum1
         self.max_t, self.sum_t = full(-math.inf), full(0.0)  # lse of z/T
         self.cross = full(0.0) if teacher else None  # Σ e^(a − max_t)(a − b)
+        self.fold = _compiled(_fold) if compiled else _fold
 
     def update(self, z: torch.Tensor, labels: torch.Tensor, v0: int, temperature: float, student_b=None) -> None:
-        width = z.shape[1]
-        tile_max, tile_arg = z.max(-1)
-        better = tile_max > self.top_value  # strict: the first maximum wins, as torch.argmax
-        self.top_value = torch.where(better, tile_max, self.top_value)
-        self.top1 = torch.where(better, tile_arg + v0, self.top1)
-        self.max1, scale = _rescale(self.max1, tile_max)
-        e1 = torch.exp(z - self.max1[:, None])
-        self.sum1 = self.sum1 * scale + e1.sum(-1)
-        if self.z_sum is not None:
-            self.z_sum = self.z_sum * scale + (e1 * z).sum(-1)
-        here = (labels >= v0) & (labels < v0 + width)
-        picked = z.gather(1, (labels - v0).clamp(0, width - 1)[:, None])[:, 0]
-        self.label_logit = torch.where(here, picked, self.label_logit)
-        a = z / temperature
-        self.max_t, scale = _rescale(self.max_t, tile_max / temperature)
-        e = torch.exp(a - self.max_t[:, None])
-        self.sum_t = self.sum_t * scale + e.sum(-1)
-        if self.cross is not None:
-            self.cross = self.cross * scale + (e * (a - student_b)).sum(-1)
+        state = self.fold(*(getattr(self, f) for f in self.FIELDS), z, labels,
+                          torch.tensor(v0, device=z.device), temperature, student_b)
+        for name, value in zip(self.FIELDS, state):
+            setattr(self, name, value)
 
     def lse1(self) -> torch.Tensor:
         return self.max1 + torch.log(self.sum1)
 
     def lse_t(self) -> torch.Tensor:
         return self.max_t + torch.log(self.sum_t)
+
+
+def _grad_tile(zs, zn, zo, lse_b, lse_new, lse_old, lse1_s, mc, gk, gc, yc, v0, temperature: float, post: tuple,
+               pt, pj, k_idx):
+    """d loss / d z_s on one tile (n, w): gk·(σ(z_s/T) − p_mix) + gc·(σ(z_s) − onehot(y)), through the student's
+    softcap and scale. p_mix = (1 − m)·σ(z_new/T) + m·p_old, p_old from the old tile `zo`, or, from the top-k cache,
+    `pt` off the cached indices `k_idx` and `pj` on them. Pure, so a compiler can fuse it."""
+    width = zs.shape[1]
+    q = torch.exp(zs / temperature - lse_b[:, None])
+    p_mix = (1 - mc) * torch.exp(zn / temperature - lse_new[:, None])
+    if zo is not None:
+        p_mix = p_mix + mc * torch.exp(zo / temperature - lse_old[:, None])
+    else:
+        offset = k_idx - v0
+        here = (offset >= 0) & (offset < width)
+        p_mix = p_mix + mc * pt
+        p_mix = p_mix.scatter_add(1, offset.clamp(0, width - 1), mc * (pj - pt) * here)
+    grad_z = gk * (q - p_mix) + gc * torch.exp(zs - lse1_s[:, None])
+    offset = yc - v0
+    here_y = (offset >= 0) & (offset < width)
+    grad_z = grad_z.scatter_add(1, offset.clamp(0, width - 1)[:, None], -(gc * here_y[:, None]))
+    softcap, scale = post
+    if softcap:  # z = c·tanh(u/c): dz/du = 1 − (z/c)²
+        grad_z = grad_z * (1 - (zs / softcap) ** 2)
+    if scale != 1.0:
+        grad_z = grad_z * scale
+    return grad_z
 
 
 class _TiledMuscle(torch.autograd.Function):
@@ -139,8 +189,8 @@ class _TiledMuscle(torch.autograd.Function):
             idx = rows[start:start + spec.token_chunk]
             yc = y[start:start + len(idx)]
             hs, hn = h_s[idx], h_new[idx]
-            s, new = _Stats(len(idx), device, False), _Stats(len(idx), device, True)
-            old = None if sparse else _Stats(len(idx), device, True)
+            s, new = _Stats(len(idx), device, False, spec.compiled), _Stats(len(idx), device, True, spec.compiled)
+            old = None if sparse else _Stats(len(idx), device, True, spec.compiled)
             if sparse:  # the student's b at the cached indices, and Σ_v b_v, for the sparse KL
                 k_idx = top_idx[idx].long()
                 b_top = torch.zeros(k_idx.shape, dtype=torch.float32, device=device)
@@ -222,27 +272,15 @@ class _TiledMuscle(torch.autograd.Function):
             else:
                 ho = h_old[idx]
             grad_hc = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device) if need_h else None
+            grad_tile = _compiled(_grad_tile) if spec.compiled else _grad_tile
             for v0 in range(0, vocab, spec.vocab_chunk):
                 v1 = min(v0 + spec.vocab_chunk, vocab)
                 zs = _tile(hs, w_s, b_s, post_s, v0, v1)
-                q = torch.exp(zs / temperature - lse_b[sl][:, None])
-                p_mix = (1 - mc) * torch.exp(_tile(hn, w_new, b_new, post_new, v0, v1) / temperature
-                                             - lse_new[sl][:, None])
-                if sparse:
-                    here = (k_idx >= v0) & (k_idx < v1)
-                    p_mix = p_mix + mc * pt
-                    p_mix.scatter_add_(1, (k_idx - v0).clamp(0, v1 - v0 - 1), mc * (pj - pt) * here)
-                else:
-                    p_mix = p_mix + mc * torch.exp(_tile(ho, w_old, b_old, post_old, v0, v1) / temperature
-                                                   - lse_old[sl][:, None])
-                grad_z = gk * (q - p_mix) + gc * torch.exp(zs - lse1_s[sl][:, None])
-                here_y = (yc >= v0) & (yc < v1)
-                grad_z.scatter_add_(1, (yc - v0).clamp(0, v1 - v0 - 1)[:, None], -(gc * here_y[:, None]))
-                softcap, scale = post_s
-                if softcap:  # z = c·tanh(u/c): dz/du = 1 − (z/c)²
-                    grad_z = grad_z * (1 - (zs / softcap) ** 2)
-                if scale != 1.0:
-                    grad_z = grad_z * scale
+                zn = _tile(hn, w_new, b_new, post_new, v0, v1)
+                zo = None if sparse else _tile(ho, w_old, b_old, post_old, v0, v1)
+                grad_z = grad_tile(zs, zn, zo, lse_b[sl], lse_new[sl], None if sparse else lse_old[sl], lse1_s[sl], mc,
+                                   gk, gc, yc, torch.tensor(v0, device=zs.device), temperature, post_s,
+                                   *((pt, pj, k_idx) if sparse else (None, None, None)))
                 grad_z = grad_z.to(w_s.dtype)  # as autograd of the head's matmul would see it
                 if need_h:
                     grad_hc += (grad_z @ w_s[v0:v1]).float()
@@ -259,7 +297,7 @@ class _TiledMuscle(torch.autograd.Function):
 def muscle_token_loss_tiled(student_hidden: torch.Tensor, student_head: LMHead, new_hidden: torch.Tensor,
                             new_head: LMHead, old: tuple[torch.Tensor, LMHead] | TopKLogProbs, labels: torch.Tensor,
                             mask: MaskFn, temperature: float = 2.0, token_chunk: int = 1024,
-                            vocab_chunk: int = 8192) -> TiledMuscleOutput:
+                            vocab_chunk: int = 8192, compile: bool | None = None) -> TiledMuscleOutput:
     """MUSCLE per-token loss (paper 002 eq. 2) and the label cross-entropy from hidden states, never building
     (B, T, V) logits: the same values and gradients as `losses.muscle_token_loss` on the heads' logits.
 
@@ -273,6 +311,8 @@ def muscle_token_loss_tiled(student_hidden: torch.Tensor, student_head: LMHead, 
         mask: `mask(MaskInputs) -> (B, T)`; it sees exactly what `losses.muscle_mask_inputs` gives (argmax and
             label log-probability of each model), computed here from the tiles.
         token_chunk, vocab_chunk: the tile; peak extra memory ≈ a few × token_chunk × vocab_chunk float32.
+        compile: fuse each tile's elementwise work and reductions with `torch.compile` (a few kernels per tile
+            instead of ~100 launches; the first call compiles, ~20 s); None: on a CUDA device only.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -297,8 +337,9 @@ def muscle_token_loss_tiled(student_hidden: torch.Tensor, student_head: LMHead, 
     else:
         old_args = (flat["old"].detach(), old[1].weight.detach(), _detached(old[1].bias), None, None, None)
         old_cap = (old[1].softcap, float(old[1].scale))
+    compiled = student_hidden.device.type == "cuda" if compile is None else bool(compile)
     spec = _Spec(mask, float(temperature), int(token_chunk), int(vocab_chunk),
-                 tuple((h.softcap, float(h.scale)) for h in (student_head, new_head)) + (old_cap,), labels)
+                 tuple((h.softcap, float(h.scale)) for h in (student_head, new_head)) + (old_cap,), labels, compiled)
     return TiledMuscleOutput(*_TiledMuscle.apply(
         flat["student"], student_head.weight, student_head.bias, flat["new"].detach(), new_head.weight.detach(),
         _detached(new_head.bias), *old_args, spec))

@@ -365,7 +365,8 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
                                                          else {})})
         out = muscle_token_loss_tiled(student.last_hidden_state, output_head(model), new_hidden, new_head, old,
                                       shifted, mask=self._mask, temperature=self.args.temperature,
-                                      token_chunk=self.args.kl_chunk_size, vocab_chunk=self.args.vocab_chunk_size)
+                                      token_chunk=self.args.kl_chunk_size, vocab_chunk=self.args.vocab_chunk_size,
+                                      compile=self.args.compile_loss)
         aux = router_aux_loss(model, student.router_logits, inputs.get("attention_mask")) \
             if self.aux_loss_enabled else None
         return out, aux

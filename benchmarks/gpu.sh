@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU check (issue 56), ready to run on one card with no network: MUSCLE and TALR against plain LoRA / full SFT
+# at the issue's sizes, in fp32 and bf16, each table written to a folder.
+#
+#   bash benchmarks/gpu.sh [OUT_DIR]          # default OUT_DIR: $OUT if set, else gpu-bench-out
+#   QUICK=1 bash benchmarks/gpu.sh out        # small sizes, a few steps: the script's mechanics (on a CPU too)
+#
+# Python packages: the machine's own (torch, transformers, peft, accelerate, ...); what it lacks is installed from
+# wheels in .whl/ beside the repository (`bash benchmarks/gpu_wheels.sh` fetches them on a machine with PyPI),
+# never from the network. adaptguard itself runs from src/. Budget: under 8 minutes on one H100 (the issue's
+# sizes: V 131,072, L 1,024, B 8, hidden 1,024, 8 layers, LoRA r 16; TALR at L 2,048, B 4).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-${OUT:-gpu-bench-out}}"
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || exit 1
+    export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+device=$(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+python3 -c "import torch, transformers, trl, peft; print('torch', torch.__version__, 'transformers',
+transformers.__version__, 'trl', trl.__version__, 'peft', peft.__version__, 'device',
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee "$out/versions.txt" || exit 1
+if [ "${QUICK:-0}" = 1 ]; then
+    muscle=(--vocab 4096 --seq 64 --batch 2 --hidden 64 --layers 2 --steps 2 --memory-repeats 1)
+    talr=(--vocab 4096 --seq 64 --batch 2 --hidden 64 --layers 2 --steps 2 --memory-repeats 1)
+else
+    muscle=(--vocab 131072 --seq 1024 --batch 8 --hidden 1024 --layers 8 --steps 10 --memory-repeats 1)
+    talr=(--vocab 131072 --seq 2048 --batch 4 --hidden 1024 --layers 8 --steps 10 --memory-repeats 1)
+fi
+status=0
+for dtype in fp32 bf16; do
+    flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
+    python3 benchmarks/bench_muscle.py "${muscle[@]}" --device "$device" $flag --with-logits \
+        2>&1 | tee "$out/muscle_$dtype.txt" || status=1
+    python3 benchmarks/bench_talr.py "${talr[@]}" --device "$device" $flag \
+        2>&1 | tee "$out/talr_$dtype.txt" || status=1
+done
+exit $status
