@@ -231,24 +231,39 @@ def replicate_flips(old, new, *, level: float = 0.95, power: float = 0.8, method
     return out
 
 
-def paired_runs_difference(a, b, *, level: float = 0.95, power: float = 0.8) -> dict:
+def paired_runs_difference(a, b, *, level: float = 0.95, power: float = 0.8, method: str = "moments",
+                           n_boot: int = 10_000, seed: int | None = 0) -> dict:
     """Two arms run with the same seeds on the same items (seed s of A and of B share the data order), compared
-    at run level: x_{s,i} = a_{s,i} − b_{s,i}, a crossed seeds × items design (`crossed_variance`).
+    at run level: x_{s,i} = a_{s,i} − b_{s,i}, a crossed seeds × items design.
 
     Args:
         a, b: (S, N) 0/1 indicators (e.g. each arm's negative flips against v1, one row per seed).
+        method: "moments" (`crossed_variance`, Satterthwaite's df) or "bootstrap" (the two-level paired bootstrap:
+            S seeds with replacement, a seed's A and B together, then N items; SE = the resamples' sd, df = S − 1;
+            `n_boot`, `seed`) — E5's registered form, more conservative.
     Returns:
-        `diff` = mean of x; `se`, `df` (Satterthwaite; infinite with one seed: items only, `runs_fixed`);
-        `ci` = diff ± t_{df} · se at `level`; `p_value` two-sided; `mde` at α = 1 − level; `per_seed` diffs.
+        `diff` = mean of x; `se`, `df` (infinite with one seed: items only, `runs_fixed`); `ci` = diff ± t_{df} · se
+        at `level`; `p_value` two-sided; `mde` at α = 1 − level; `per_seed` diffs.
     """
     a, b = _runs("a", a), _runs("b", b)
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same (seeds, items) shape, got {a.shape} and {b.shape}")
+    if method not in ("moments", "bootstrap"):
+        raise ValueError(f"method must be 'moments' or 'bootstrap', got {method!r}")
     x = a - b
-    s = x.shape[0]
+    s, n = x.shape
     left_out = [np.array([np.delete(x, k, 0).mean(0) for k in range(s)])] if s > 1 else []
     var, df, parts = crossed_variance(x.mean(0), left_out)
     se, diff = math.sqrt(var), float(x.mean())
+    if method == "bootstrap":
+        rng = np.random.default_rng(seed)
+        stats = []
+        for start in range(0, n_boot, 500):
+            k = min(500, n_boot - start)
+            seeds = rng.multinomial(s, np.full(s, 1 / s), size=k) if s > 1 else np.ones((k, 1))
+            items = rng.multinomial(n, np.full(n, 1 / n), size=k)
+            stats.append(((seeds @ x) * items).sum(1) / (s * n))
+        se, df = float(np.concatenate(stats).std(ddof=1)), float(s - 1) if s > 1 else math.inf
     return {"diff": diff, "se": se, "df": df, "ci": t_interval(diff, se, df, level),
             "p_value": min(1.0, 2 * t_sf(abs(diff) / se, df)) if se > 0 else (1.0 if diff == 0 else 0.0),
             "mde": min_detectable_effect(se, df, 1 - level, power), "per_seed": x.mean(1).tolist(),

@@ -154,6 +154,17 @@ def decide_family(comparisons: list[dict], q: float = Q) -> float:
     return level
 
 
+def _secondary(family: list[dict], rule=None) -> dict[int, str]:
+    """The verdicts the library's moment estimator (`compat.replicates.crossed_variance`) gives the same family
+    (BH and FCR-adjusted intervals as the registered one): reported beside the registered verdict."""
+    from ..compat.replicates import benjamini_hochberg, fcr_level, t_interval
+
+    selected, _ = benjamini_hochberg([c["moments"]["p_value"] for c in family], Q)
+    level = fcr_level(Q, sum(selected), len(family))
+    return {id(c): (rule or e5_verdict)(*t_interval(c["diff"], c["moments"]["se"], c["moments"]["df"], level))
+            for c in family}
+
+
 def _scores(roots: list[Path], rel: str, prefix: str) -> list[bool] | dict | None:
     """The stored `scores.json` of the one step `rel/prefix*` found under the roots (None when absent)."""
     found = {p.parent.name: p for root in roots for p in (root / rel).glob(f"{prefix}*/scores.json")}
@@ -188,21 +199,26 @@ def e3_reanalysis(roots: list[Path], seeds: range = range(8)) -> dict:
             if arm == "control":
                 continue
             both = sorted(set(by_seed) & set(runs["control"]))
-            d_nfr = paired_runs_difference([neg[s] for s in both],
-                                           [flip_indicators(v1, runs["control"][s])["nfr"] for s in both])
-            d_acc = paired_runs_difference([by_seed[s] for s in both], [runs["control"][s] for s in both])
+            pair = ([neg[s] for s in both], [flip_indicators(v1, runs["control"][s])["nfr"] for s in both])
+            d_nfr = paired_runs_difference(*pair, method="bootstrap")  # the registered statistic
+            moments = paired_runs_difference(*pair)
+            d_acc = paired_runs_difference([by_seed[s] for s in both], [runs["control"][s] for s in both],
+                                           method="bootstrap")
             reg = registered[name]["arms"][arm]["vs_control"]
             comparison = {"experiment": "E3", "update": entry["update"], "arm": arm, "seeds": both, **d_nfr,
                           "acc_diff": d_acc["diff"], "acc_ci": list(d_acc["ci"]),
+                          "moments": {k: moments[k] for k in ("se", "df", "p_value")},
                           "registered": {"verdict": reg["verdict"], "helps": reg["helps"], "diff": reg["delta_nfr"],
                                          "ci": reg["delta_nfr_ci"]}}
             update["arms"][arm]["vs_control"] = comparison
             family.append(comparison)
         out[name] = update
     level = decide_family(family)
+    moment_verdicts = _secondary(family)
     for c in family:
         c["verdict"] = e5_verdict(*c["adjusted_ci"])
         c["helps"] = c["verdict"] == "reproduced" and c["acc_ci"][0] > -MARGIN
+        c["moments"]["verdict"] = moment_verdicts[id(c)]
     return {"updates": out, "family": len(family), "level": level,
             "helps": sorted({c["arm"] for c in family if c["helps"]})}
 
@@ -258,18 +274,22 @@ def e4_reanalysis(records: Path = E4_RECORDS) -> dict:
     registered = {c["arm"]: c for c in json.loads((records / "report.json").read_text())["comparisons"]}
     family, both_ways = [], {}
     for arm in ("TALR", "DFT"):
-        d = paired_runs_difference(negative(arm, kept), negative("SFT", kept))
-        dom = paired_runs_difference([c for _, c in arms[arm]], [c for _, c in arms["SFT"]])
-        every = paired_runs_difference(negative(arm, list(base)), negative("SFT", list(base)))
+        d = paired_runs_difference(negative(arm, kept), negative("SFT", kept), method="bootstrap")
+        moments = paired_runs_difference(negative(arm, kept), negative("SFT", kept))
+        dom = paired_runs_difference([c for _, c in arms[arm]], [c for _, c in arms["SFT"]], method="bootstrap")
+        every = paired_runs_difference(negative(arm, list(base)), negative("SFT", list(base)), method="bootstrap")
         reg = registered[arm]
         c = {"experiment": "E4", "arm": arm, "vs": "SFT", **d, "domain_diff": dom["diff"], "domain_ci": list(dom["ci"]),
+             "moments": {k: moments[k] for k in ("se", "df", "p_value")},
              "with_churn": {"diff": every["diff"], "ci": list(every["ci"]), "p_value": every["p_value"]},
              "registered": {"h1": reg["h1_less_forgetting"], "h2": reg["h2_better_tradeoff"],
                             "diff": reg["general_nfr"]["diff"], "ci": reg["general_nfr"]["ci"]}}
         family.append(c)
         both_ways[arm] = c
     level = decide_family(family)
+    moment_verdicts = _secondary(family, e1_rule)
     for c in family:
+        c["moments"]["verdict"] = moment_verdicts[id(c)]
         c["h1"] = e1_rule(*c["adjusted_ci"])
         lo_dom = c["domain_ci"][0]
         c["h2"] = ("reproduced" if c["h1"] == "reproduced" and lo_dom >= -0.05 else
@@ -350,14 +370,16 @@ def markdown(r: dict) -> str:
     """E5's report: per experiment, the registered verdict beside the one re-decided at run level."""
     e3, e4, e2 = r["E3"], r["E4"], r["E2"]
     lines = ["# E5: E1–E4 re-decided with run-level statistics", "",
-             "Intervals count seeds and items (`compat.replicates`: crossed moments, Student's t on Satterthwaite's "
-             f"df); Benjamini–Hochberg at q = {Q} over each experiment's family, intervals at the FCR-adjusted level "
+             "Intervals count seeds and items: the registered two-level paired bootstrap (seeds, then items; 10 000 "
+             "resamples, seed 0) for the SE, Student's t on S − 1 df; beside it, the verdict of the library's moment "
+             f"estimator (`compat.replicates`). Benjamini–Hochberg at q = {Q} over each experiment's family, "
+             "intervals at the FCR-adjusted level "
              "(Benjamini & Yekutieli 2005); MDE = the Δ the comparison detects with 80 % power at that level. Points "
              "are percentage points.", "",
              f"## E3 — recipe − control, Δ NFR against v1 (family of {e3['family']}, adjusted level "
              f"{100 * e3['level']:.2f} %)", "",
              "| update | recipe | seeds | Δ NFR | adjusted CI | p (BH) | MDE | Δ accuracy (95 % CI) | registered "
-             "(3 seeds, items only) | re-decided | helps |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(3 seeds, items only) | re-decided | moments | helps |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for u in e3["updates"].values():
         for arm, a in u["arms"].items():
             c = a.get("vs_control")
@@ -367,7 +389,7 @@ def markdown(r: dict) -> str:
             lines.append(f"| {u['update']} | {arm} | {len(c['seeds'])} | {_pts(c['diff'])} | {_ci(c['adjusted_ci'])} | "
                          f"{c['p_value']:.2g} ({c['p_bh']:.2g}) | {100 * c['mde']:.1f} | {_pts(c['acc_diff'])} "
                          f"({_ci(c['acc_ci'])}) | {reg['verdict']}{' (helps)' if reg['helps'] else ''} "
-                         f"({_pts(reg['diff'])}, {_ci(reg['ci'])}) | **{c['verdict']}** | "
+                         f"({_pts(reg['diff'])}, {_ci(reg['ci'])}) | **{c['verdict']}** | {c['moments']['verdict']} | "
                          f"{'yes' if c['helps'] else 'no'} |")
     lines += ["", "Control NFR per seed: " + "; ".join(
         f"{u['update']} " + ", ".join(f"{x:.3f}" for x in u["arms"]["control"]["per_seed_nfr"])
@@ -384,13 +406,14 @@ def markdown(r: dict) -> str:
         lines.append(f"| {task} | {ch['base_acc']:.2f} | {ch['chance']:.2f} | {ch['p_above_chance']:.2g} | "
                      f"{'**yes**' if ch['churn'] else 'no'} | {nfr} | {pfr} |")
     lines += ["", "| arm − SFT | Δ general NFR, churn out | adjusted CI | p (BH) | MDE | with churn tasks (95 % CI) | "
-              "Δ domain (95 % CI) | registered H1 / H2 | re-decided H1 / H2 |", "|---|---|---|---|---|---|---|---|---|"]
+              "Δ domain (95 % CI) | registered H1 / H2 | re-decided H1 / H2 | moments (H1 rule) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for arm, c in e4["comparisons"].items():
         w = c["with_churn"]
         lines.append(f"| {arm} | {_pts(c['diff'])} | {_ci(c['adjusted_ci'])} | {c['p_value']:.2g} ({c['p_bh']:.2g}) | "
                      f"{100 * c['mde']:.1f} | {_pts(w['diff'])} ({_ci(w['ci'])}) | {_pts(c['domain_diff'])} "
                      f"({_ci(c['domain_ci'])}) | {c['registered']['h1']} / {c['registered']['h2']} | "
-                     f"**{c['h1']} / {c['h2']}** |")
+                     f"**{c['h1']} / {c['h2']}** | {c['moments']['verdict']} |")
     b = e4["domain_baselines"]
     lines += ["", f"Trivial domain baselines on the {b['n_test']} domain test items: each calculator's most common "
               f"training answer ({', '.join(f'{k} {v}' for k, v in sorted(b['per_calculator_mode']['answers'].items()))}"
