@@ -378,6 +378,8 @@ def markdown(r: dict) -> str:
              "are percentage points.", "",
              f"## E3 — recipe − control, Δ NFR against v1 (family of {e3['family']}, adjusted level "
              f"{100 * e3['level']:.2f} %)", "",
+             "`seeds`: the seed-paired runs of each comparison recorded so far (registered: 8 for U1 and U2, and U3's "
+             "focal; 3 for U3's other recipes); with fewer, the verdict is interim.", "",
              "| update | recipe | seeds | Δ NFR | adjusted CI | p (BH) | MDE | Δ accuracy (95 % CI) | registered "
              "(3 seeds, items only) | re-decided | moments | helps |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for u in e3["updates"].values():
