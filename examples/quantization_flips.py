@@ -10,7 +10,9 @@ against fp32 with adaptguard's flip metrics (paper 002 §3: NFR, PFR, BTC, McNem
     python examples/quantization_flips.py --variants int8,bf16 # bf16 too (about 4x slower than fp32 on most CPUs)
     python examples/quantization_flips.py --model Qwen/Qwen2.5-0.5B-Instruct --variants bf16 --limit 1000   # on a GPU
 
-Writes OUT/report.json, OUT/report.md and OUT/flips.png (one quadrant panel per task and variant).
+Writes OUT/report.json, OUT/report.md and OUT/flips.png (one quadrant panel per task and variant), each variant's
+lm-eval samples as a `--log_samples` run under OUT/runs/<variant>/ (the fp32 reference in OUT/runs/reference/, so
+`adaptguard compare OUT/runs/reference OUT/runs/int8` works on them), and OUT/report_<variant>.html: the page of what that variant broke, item by item.
 Data: BIG-bench (Apache-2.0), read from the PyPI sdist bigbench==1.0.0 (downloaded once, sha256-checked).
 """
 
@@ -24,8 +26,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from adaptguard.compat.callback import evaluate_with_lm_eval, task_runs_from_output
-from adaptguard.compat.compare import compare_task
-from adaptguard.compat.report import plot_quadrants
+from adaptguard.compat.compare import compare_runs, compare_task
+from adaptguard.compat.flips import flipped_documents
+from adaptguard.compat.report import plot_quadrants, write_outputs
 from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
 from adaptguard.models.embedded import resolve_model
 from adaptguard.utils.sweeps import command_line, machine_info, machine_line, write_report
@@ -77,6 +80,7 @@ def main(args: Args) -> dict:
         output = evaluate_with_lm_eval(load_variant(path, variant), tokenizer, tasks, batch_size=args.batch_size,
                                        include_path=[out / "tasks"])
         runs.append(task_runs_from_output(output))
+        save_run(output, out / "runs" / (variant if i else "reference"))
         seconds[variant if i else "fp32 (reference)"] = time.perf_counter() - start
         print(f"{variant}: " + ", ".join(f"{t} {output['results'][t]['acc,none']:.3f}" for t in tasks), flush=True)
     report = {"model": args.model, "limit": limit, "tasks": {}, "seconds": seconds, "machine": machine_info(),
@@ -90,7 +94,27 @@ def main(args: Args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     plot_quadrants(quadrants, out / "flips.png")
     write_report(out, report, markdown(report))
+    for variant in variants:  # the page of each variant, from the saved runs as `adaptguard compare --html` makes it
+        compared = compare_runs(out / "runs" / "reference", out / "runs" / variant)
+        flips = [{"task": t, **f} for t, e in compared["tasks"].items() for f in flipped_documents(e)]
+        write_outputs(compared, html_path=out / f"report_{variant}.html", flips=flips)
     return report
+
+
+def save_run(output: dict, folder: Path) -> None:
+    """lm-eval's in-memory samples and task configs as the files `lm_eval --log_samples --output_path` writes."""
+    import json
+
+    from lm_eval.utils import handle_non_serializable
+
+    from adaptguard.utils.files import atomic_write_text
+
+    stamp = "2026-01-01T00-00-00.000000"
+    for task, records in output["samples"].items():
+        atomic_write_text(folder / f"samples_{task}_{stamp}.jsonl", "".join(
+            json.dumps(r, default=handle_non_serializable, ensure_ascii=False) + "\n" for r in records))
+    atomic_write_text(folder / f"results_{stamp}.json", json.dumps(
+        {"configs": output.get("configs", {}), "n-shot": output.get("n-shot", {})}, default=handle_non_serializable))
 
 
 def markdown(report: dict) -> str:

@@ -149,8 +149,16 @@ def test_quantization_flips_code_path(tmp_path, monkeypatch, embedded_path):
         assert report["tasks"][f"{task} int8"]["n"] == n
     assert report["command"] == f"python examples/quantization_flips.py --model {embedded_path} --tasks " \
         f"general_knowledge,sports_understanding --limit 4 --variants fp32,int8 --batch_size 2 --out {tmp_path / 'out'}"
-    for name in ("report.json", "report.md", "flips.png"):
+    for name in ("report.json", "report.md", "flips.png", "report_int8.html", "report_fp32.html"):
         assert (tmp_path / "out" / name).stat().st_size > 0
+    # the saved runs are lm-eval --log_samples runs: `compare` on them gives the in-memory comparison's numbers
+    from adaptguard.compat.compare import compare_runs
+
+    saved = compare_runs(tmp_path / "out" / "runs" / "reference", tmp_path / "out" / "runs" / "int8")["tasks"]
+    for task, entry in saved.items():
+        mine = report["tasks"][f"{task} int8"]
+        assert (entry["n"], entry["nfr"], entry["pfr"], entry["new_acc"]) == (mine["n"], mine["nfr"], mine["pfr"],
+                                                                             mine["new_acc"])
     with pytest.raises(ValueError, match="--variants: unknown variant 'int4'; use int8, bf16, fp32"):
         example.main(dataclasses.replace(args, variants="int8,int4", out=str(tmp_path / "bad")))
     assert not (tmp_path / "bad").exists()  # refused before any evaluation or output
