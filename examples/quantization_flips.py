@@ -12,7 +12,8 @@ against fp32 with adaptguard's flip metrics (paper 002 §3: NFR, PFR, BTC, McNem
 
 Writes OUT/report.json, OUT/report.md and OUT/flips.png (one quadrant panel per task and variant), each variant's
 lm-eval samples as a `--log_samples` run under OUT/runs/<variant>/ (the fp32 reference in OUT/runs/reference/, so
-`adaptguard compare OUT/runs/reference OUT/runs/int8` works on them), and OUT/report_<variant>.html: the page of what that variant broke, item by item.
+`adaptguard compare OUT/runs/reference OUT/runs/int8` works on them), and OUT/report_<variant>.html: the page of
+what that variant broke, item by item.
 Data: BIG-bench (Apache-2.0), read from the PyPI sdist bigbench==1.0.0 (downloaded once, sha256-checked).
 """
 

@@ -1,6 +1,6 @@
-"""One self-contained HTML page per comparison: the verdict, the per-task table with a legend, the flip-quadrant
-figure, and the flipped items — prompt, gold, old and new answer, the changed words marked — filterable by task and
-direction, searchable and sortable.
+"""The pieces of one self-contained HTML page per comparison (`report.compare_page`, the update's `report.html`): the
+verdict, tables, an inline figure, and the flipped items — prompt, gold, old and new answer, the changed words
+marked — filterable by task and direction, searchable and sortable.
 
 Nothing is fetched: the CSS, the script and the figure (base64 PNG) are inline, so the file opens from disk in any
 browser and can be attached to a CI run. Without its script the page still reads: every table is HTML, and the
@@ -145,36 +145,3 @@ def page(title: str, verdict: str, failed: bool, sections: list[str]) -> str:
 
 def figure(png: bytes, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-
-
-def compare_page(report: dict, flips: list[dict], figure_png: bytes | None) -> str:
-    """`adaptguard compare --html`: the gate's outcome (or the tasks' verdicts) first, the table, the sentences, the
-    legend, the figure, then the flipped items."""
-    from .gate import describe
-    from .report import LEGEND, _explained, _names, table_rows
-
-    gate = report.get("gate")
-    if gate is not None:
-        verdict, failed = describe(gate).replace("\n", " "), not gate["passed"]
-    else:
-        flagged = [n for n, e in report["tasks"].items() if (e.get("regression") or {}).get("flagged")]
-        verdict = (f"Regressions the data support on {len(flagged)} of {len(report['tasks'])} tasks: "
-                   f"{', '.join(flagged)}." if flagged else
-                   f"No regression the data support on any of the {len(report['tasks'])} tasks.")
-        failed = bool(flagged)
-    header, rows = table_rows(report)
-    counts: dict[str, dict[str, int]] = {}
-    for f in flips:
-        counts.setdefault(f["task"], {}).setdefault(f["kind"], 0)
-        counts[f["task"]][f["kind"]] += 1
-    replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report["tasks"].values())
-    sections = [f"<p>{_names(report['old'])} → {_names(report['new'])}</p>".replace("`", ""),
-                "<h2>Per task</h2>", table(header, rows), "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in
-                                                                            _explained(report)) + "</ul>",
-                "<p class='note'>" + "<br>".join(_e(x) for x in LEGEND) + "</p>"]
-    if figure_png:
-        sections += ["<h2>Flip quadrants</h2>", figure(figure_png, "flip quadrants per task")]
-    note = "With replicate runs, the items are the flips of the first old run to the first new run. " \
-        if replicated else ""
-    sections.append(flips_section(flips, counts, note=note))
-    return page("What the update broke", verdict, failed, sections)

@@ -283,8 +283,6 @@ def write_outputs(report: dict, json_path=None, markdown_path=None, plot_path=No
     `flips` (every flipped document) goes to `flips_path` as JSON lines, and into the page at `html_path`."""
     rendered = []
     if html_path:
-        from .html import compare_page
-
         rendered.append((Path(html_path), compare_page(report, flips or [], figure_png(report))))
     if json_path:
         rendered.append((Path(json_path), to_json(report)))
@@ -299,3 +297,36 @@ def write_outputs(report: dict, json_path=None, markdown_path=None, plot_path=No
         plot_quadrants(report, Path(plot_path))
     for path, text in rendered:
         atomic_write_text(path, text)
+
+
+def compare_page(report: dict, flips: list[dict], figure_png: bytes | None) -> str:
+    """`adaptguard compare --html`: the gate's outcome (or the tasks' verdicts) first, the table, the sentences, the
+    legend, the figure, then the flipped items."""
+    from .gate import describe
+    from .html import _e, figure, flips_section, page, table
+
+    gate = report.get("gate")
+    if gate is not None:
+        verdict, failed = describe(gate).replace("\n", " "), not gate["passed"]
+    else:
+        flagged = [n for n, e in report["tasks"].items() if (e.get("regression") or {}).get("flagged")]
+        verdict = (f"Regressions the data support on {len(flagged)} of {len(report['tasks'])} tasks: "
+                   f"{', '.join(flagged)}." if flagged else
+                   f"No regression the data support on any of the {len(report['tasks'])} tasks.")
+        failed = bool(flagged)
+    header, rows = table_rows(report)
+    counts: dict[str, dict[str, int]] = {}
+    for f in flips:
+        counts.setdefault(f["task"], {}).setdefault(f["kind"], 0)
+        counts[f["task"]][f["kind"]] += 1
+    replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report["tasks"].values())
+    sections = [f"<p>{_names(report['old'])} → {_names(report['new'])}</p>".replace("`", ""),
+                "<h2>Per task</h2>", table(header, rows), "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in
+                                                                            _explained(report)) + "</ul>",
+                "<p class='note'>" + "<br>".join(_e(x) for x in LEGEND) + "</p>"]
+    if figure_png:
+        sections += ["<h2>Flip quadrants</h2>", figure(figure_png, "flip quadrants per task")]
+    note = "With replicate runs, the items are the flips of the first old run to the first new run. " \
+        if replicated else ""
+    sections.append(flips_section(flips, counts, note=note))
+    return page("What the update broke", verdict, failed, sections)
