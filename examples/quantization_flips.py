@@ -106,14 +106,20 @@ def save_run(output: dict, folder: Path) -> None:
     """lm-eval's in-memory samples and task configs as the files `lm_eval --log_samples --output_path` writes."""
     import json
 
-    from lm_eval.utils import handle_non_serializable
+    from lm_eval.utils import handle_non_serializable, sanitize_list
 
     from adaptguard.utils.files import atomic_write_text
+
+    def as_logged(r: dict) -> dict:  # what lm-eval's EvaluationTracker.save_results_samples writes of a sample
+        return {**r, "arguments": {f"gen_args_{i}": {f"arg_{j}": a for j, a in enumerate(args)}
+                                   for i, args in enumerate(r["arguments"])},
+                "resps": sanitize_list(r["resps"]), "filtered_resps": sanitize_list(r["filtered_resps"]),
+                "target": str(r["target"])}
 
     stamp = "2026-01-01T00-00-00.000000"
     for task, records in output["samples"].items():
         atomic_write_text(folder / f"samples_{task}_{stamp}.jsonl", "".join(
-            json.dumps(r, default=handle_non_serializable, ensure_ascii=False) + "\n" for r in records))
+            json.dumps(as_logged(r), default=handle_non_serializable, ensure_ascii=False) + "\n" for r in records))
     atomic_write_text(folder / f"results_{stamp}.json", json.dumps(
         {"configs": output.get("configs", {}), "n-shot": output.get("n-shot", {})}, default=handle_non_serializable))
 

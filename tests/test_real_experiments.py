@@ -155,6 +155,9 @@ def test_quantization_flips_code_path(tmp_path, monkeypatch, embedded_path):
     from adaptguard.compat.compare import compare_runs
 
     saved = compare_runs(tmp_path / "out" / "runs" / "reference", tmp_path / "out" / "runs" / "int8")["tasks"]
+    first = json.loads(next((tmp_path / "out" / "runs" / "int8").glob("samples_*.jsonl")).read_text().splitlines()[0])
+    assert set(first["arguments"]) == {f"gen_args_{i}" for i in range(len(first["arguments"]))}  # as lm-eval logs
+    assert set(first["arguments"]["gen_args_0"]) == {"arg_0", "arg_1"}
     for task, entry in saved.items():
         mine = report["tasks"][f"{task} int8"]
         assert (entry["n"], entry["nfr"], entry["pfr"], entry["new_acc"]) == (mine["n"], mine["nfr"], mine["pfr"],

@@ -182,12 +182,29 @@ def _pair_means(entry: dict, olds: list[list[float]], news: list[list[float]]) -
     entry.update(inconsistency_flips=None, mcnemar_p=None, pfr_ci=None, nfr_ci=tuple(entry["replicates"]["nfr_ci"]))
 
 
+def _same_choices(samples: list, look: int = 50) -> bool:
+    """Whether the task offers every item the same choices (a fixed label set, e.g. True / False), read back from the
+    first `look` samples' lines: only then is the gold index a label whose majority share is a chance rate. Samples
+    held in memory (no lines to read) count as varying."""
+    from .flips import _choices, _read_lines
+
+    wheres = [s.where for s in samples[:look]]
+    if not all(w and w.rpartition(":")[2].isdigit() for w in wheres):
+        return False
+    records = _read_lines(set(wheres))
+    lists = {tuple(_choices(records[w]) or ()) for w in wheres}
+    return len(lists) == 1
+
+
 def _is_churn(entry: dict, samples: list, alpha: float) -> dict | None:
-    """Chance churn of a multiple-choice task: is the old model above chance (`replicates.chance_rate`)? None for
-    a task that is not multiple choice."""
+    """Chance churn of a multiple-choice task: is the old model above chance (`replicates.chance_rate`: the mean of
+    1/#choices, or — where every item offers the same choices — the majority label's share)? None for a task that
+    is not multiple choice."""
     if "metric" not in entry or any(s.n_choices is None for s in samples):
         return None
-    chance = chance_rate([s.n_choices for s in samples], [s.target for s in samples])
+    fixed = _same_choices(samples)
+    chance = chance_rate([s.n_choices for s in samples],
+                         [s.target for s in samples] if fixed else list(range(len(samples))))
     n = entry["n"]
     p = above_chance_p(round(entry["old_acc"] * n), n, chance)
     return {"chance": chance, "old_acc": entry["old_acc"], "p_above_chance": p, "churn": p >= alpha}
