@@ -312,3 +312,33 @@ def test_bad_replicates_are_one_line_errors_and_write_nothing(replicate_runs, tm
     proc = run_cli("compare", *args, "--json", tmp_path / "x.json")
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.json").exists()
+
+
+def test_the_majority_label_counts_as_chance_only_for_a_fixed_label_set(tmp_path):
+    """Gold at choice 0 on 90 % of items: where every item offers the same choices (a label set), always answering
+    that label scores 0.9, the chance a model must beat; where each item has its own choices, the position of the
+    gold is no label, and chance is 1/#choices."""
+    for side in ("old", "new"):  # each answers half the items right
+        folder = tmp_path / side
+        folder.mkdir()
+        with open(folder / "samples_fixed_2026-11-27T00-00-00.000000.jsonl", "w") as f1, \
+                open(folder / "samples_varying_2026-11-27T00-00-00.000000.jsonl", "w") as f2:
+            for i in range(100):
+                gold = 0 if i % 10 else 1
+                ok = (i % 2 == 0) if side == "old" else (i % 4 < 2)
+                for f, words in ((f1, ["yes", "no", "maybe", "never"]), (f2, [f"w{i}_{k}" for k in range(4)])):
+                    lls = [-5.0] * 4
+                    lls[gold if ok else (gold + 1) % 4] = -1.0
+                    f.write(json.dumps({
+                        "doc_id": i, "target": gold, "filter": "none", "metrics": ["acc"], "acc": float(ok),
+                        "arguments": {f"gen_args_{k}": {"arg_0": f"q{i}", "arg_1": f" {w}"} for k, w in enumerate(words)},
+                        "filtered_resps": [[str(x), "False"] for x in lls], "doc_hash": f"d{i}", "target_hash": str(gold),
+                        "prompt_hash": f"p{i}"}) + "\n")
+        (folder / "results_2026-11-27T00-00-00.000000.json").write_text(json.dumps(
+            {"configs": {t: {"output_type": "multiple_choice"} for t in ("fixed", "varying")},
+             "n-shot": {"fixed": 0, "varying": 0}}))
+    proc = run_cli("compare", tmp_path / "old", tmp_path / "new", "--json", tmp_path / "c.json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tasks = json.loads((tmp_path / "c.json").read_text())["tasks"]
+    assert tasks["fixed"]["churn"]["chance"] == pytest.approx(0.9) and tasks["fixed"]["churn"]["churn"]
+    assert tasks["varying"]["churn"]["chance"] == pytest.approx(0.25) and not tasks["varying"]["churn"]["churn"]
