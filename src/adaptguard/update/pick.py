@@ -217,6 +217,18 @@ class Pick:
                     self.cfg.new_adapter is None and self.cfg.new_task_adapter),
                 "task_adapter_steps": -(-len(self.rows["train"]) // self.cfg.batch_size) * self.cfg.task_epochs}
 
+    def pending_runs(self) -> int:
+        """Dev-stage training runs not stored yet (needs `prepare`'s adapters; 0 on a finished run's re-run)."""
+        seen, pending = set(), 0
+        for setting in self.settings:
+            for seed in self.dev_seeds():
+                key = self.run_key(setting, seed)
+                name = f"run_{setting.recipe}_{_digest(key)}"
+                if name not in seen and self.store.find(name, key) is None:
+                    pending += 1
+                seen.add(name)
+        return pending
+
     def measure(self) -> dict:
         """Seconds per training step (2 steps of the control on the new base, after one to warm up) and per scored
         item (one batch of dev answers), measured here: the estimate's basis."""
@@ -495,6 +507,18 @@ def plot_dev(choices: dict, path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
+def _prepared(pick: Pick) -> bool:
+    """The task adapters exist (a re-run): `prepare` then reads them without training."""
+    out = Path(pick.cfg.output_dir)
+    needs = [out / "v1_task_adapter"] if pick.cfg.old_model is None else []
+    if pick.cfg.new_adapter is None and pick.cfg.new_task_adapter:
+        needs.append(out / "v2_task_adapter")
+    if not all((p / "adaptguard_task_adapter.json").exists() for p in needs):
+        return False
+    pick.prepare()
+    return True
+
+
 def run_pick(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     """The pick (see the module docstring), after printing its plan; `dry_run`: the plan only, nothing written."""
     import datasets
@@ -506,7 +530,10 @@ def run_pick(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     transformers.utils.logging.disable_progress_bar()
     start = time.perf_counter()
     pick = Pick(cfg, say=say)
-    say(pick.plan(pick.measure()))
+    # the time estimate trains 3 steps and scores a batch: skipped when every dev run is stored (a finished re-run)
+    stored = (Path(pick.cfg.output_dir) / "dev_choices.json").exists() and _prepared(pick) and not pick.pending_runs()
+    say(pick.plan(None if stored else pick.measure()) + ("\n  every dev run is stored: nothing to train" if stored
+                                                           else ""))
     if dry_run:
         return {"plan": pick.counts()}
     choices = pick.dev_stage()
