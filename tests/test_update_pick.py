@@ -200,7 +200,7 @@ def test_the_rule_per_recipe_tunes_each_arm_alike():
 
 @pytest.mark.parametrize("change, error", [
     (dict(candidates=[{"recipe": "focl", "learning_rate": 1e-3, "epochs": 1}]),
-     r"Unknown update recipe 'focl'; known recipes: control, focal, kd, ll_l, muscle"),
+     r"Unknown update recipe 'focl'; known recipes: control, focal, kd, ll_l, ll_l_ce, muscle, muscle_ce"),
     (dict(candidates=[{"recipe": "focal", "learning_rate": 1e-3, "epochs": 1}]), r"no 'control' candidate"),
     (dict(candidates=[{"recipe": "control", "learning_rate": [1e-3], "epochs": [1]},
                       {"recipe": "kd", "learning_rate": [1e-3, 3e-3], "epochs": [1]}]),
