@@ -88,7 +88,7 @@ def test_old_only_mask_moves_the_student_to_v1s_answers(tmp_path, embedded_path)
     from adaptguard import MUSCLEConfig, MUSCLETrainer
     from adaptguard.models.embedded import EMBEDDED_MODELS, world_facts
     from adaptguard.update import UpdateConfig
-    from adaptguard.update.pipeline import _train_task_adapter
+    from adaptguard.update.steps import _train_task_adapter
     from adaptguard.utils.generation import generate_answers
 
     base = str(embedded_path)
@@ -232,7 +232,7 @@ def test_example_config_is_valid():
 
 def test_extra_args_override_the_training_defaults():
     from adaptguard.update import UpdateConfig
-    from adaptguard.update.pipeline import _training_kwargs
+    from adaptguard.update.steps import _training_kwargs
 
     cfg = UpdateConfig(old_base="a", new_base="b", train=[], test=[], extra_args={"bf16": True, "logging_steps": 3})
     kwargs = _training_kwargs(cfg, output_dir="o", learning_rate=0.1)
@@ -244,6 +244,7 @@ def test_an_interrupted_update_leaves_no_half_trained_adapter(tmp_path, embedded
     and what finished before stays whole."""
     from adaptguard.talr.trainer import TALRTrainer
     from adaptguard.update import run_update, tiny_preset
+    from adaptguard.update.pick import Pick
     from adaptguard.utils.files import finished_dir
 
     def interrupted(self, *args, **kwargs):  # a training that wrote a checkpoint, then got Ctrl-C
@@ -251,6 +252,7 @@ def test_an_interrupted_update_leaves_no_half_trained_adapter(tmp_path, embedded
         raise KeyboardInterrupt
 
     monkeypatch.setattr(TALRTrainer, "train", interrupted)
+    monkeypatch.setattr(Pick, "measure", lambda self: {"step_s": 0.1, "item_s": 0.01})  # the plan's timing trains too
     cfg = tiny_preset(str(tmp_path / "out"))
     cfg.old_base = cfg.new_base = str(embedded_path)
     with pytest.raises(KeyboardInterrupt):
@@ -308,7 +310,7 @@ def test_a_finished_task_adapter_is_reused_only_for_the_same_training(tmp_path, 
     from transformers import AutoTokenizer
 
     from adaptguard.update import UpdateConfig
-    from adaptguard.update.pipeline import _train_task_adapter
+    from adaptguard.update.steps import _train_task_adapter
 
     base, tok = str(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
     rows = [{"prompt": "question : capital of a ? answer :", "completion": " b ."}] * 4

@@ -21,16 +21,17 @@ class Setting:
     recipe: str
     learning_rate: float
     epochs: int
-    fields: tuple = ()  # sorted (name, value) pairs of DISTILL_KEYS
+    fields: tuple = ()  # sorted (name, value) pairs of DISTILL_KEYS (and `mask`, without dev)
 
     @property
     def run(self) -> tuple:
         """What one training run shares: every setting of it but the epoch (adapters are kept after each epoch)."""
         return self.recipe, self.learning_rate, self.fields
 
-    def label(self) -> str:
-        extra = "".join(f", {k} {v:g}" for k, v in self.fields)
-        return f"{self.recipe} (lr {self.learning_rate:g}, {self.epochs} epoch{'s' if self.epochs != 1 else ''}{extra})"
+    def label(self, epochs: bool = True) -> str:
+        extra = "".join(f", {k} {v:g}" if isinstance(v, (int, float)) else f", {k} {v}" for k, v in self.fields)
+        kept = f", {self.epochs} epoch{'s' if self.epochs != 1 else ''}" if epochs else ""
+        return f"{self.recipe} (lr {self.learning_rate:g}{kept}{extra})"
 
     def as_dict(self) -> dict:
         return {"recipe": self.recipe, "learning_rate": self.learning_rate, "epochs": self.epochs, **dict(self.fields)}

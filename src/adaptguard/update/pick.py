@@ -78,26 +78,28 @@ class _StepTimer(TrainerCallback):
 class Pick:
     """The steps of one pick (see the module docstring), each stored and reused."""
 
-    def __init__(self, cfg: UpdateConfig, say=print):
+    def __init__(self, cfg: UpdateConfig, say=print, settings: list[Setting] | None = None):
+        """`settings`: the grid to train (default: the candidates' settings; `arms.arms_settings` without dev)."""
         from transformers import AutoTokenizer
 
         from ..muscle.trainer import check_same_vocabulary
-        from .pipeline import load_rows, old_tokenizer_source, resolved
+        from .steps import load_rows, old_tokenizer_source, resolved
 
         self.cfg, self.say = resolved(cfg), say
         self.tok_old = AutoTokenizer.from_pretrained(old_tokenizer_source(self.cfg))
         self.tok_new = AutoTokenizer.from_pretrained(self.cfg.new_base_path)
         self.rows = load_rows(self.cfg)  # checked (non-empty, disjoint) before anything is written
-        self.settings = expand_candidates(self.cfg.candidates or self.cfg.default_candidates())
+        self.settings = settings or expand_candidates(self.cfg.candidates or self.cfg.default_candidates())
         if any(s.recipe != "control" for s in self.settings):  # the control reads no v1 logits
-            check_same_vocabulary(self.tok_old, self.tok_new, "old_base/new_base (a candidate distils from v1): ")
+            check_same_vocabulary(self.tok_old, self.tok_new, "old_base/new_base: " if settings else
+                                  "old_base/new_base (a candidate distils from v1): ")
         self.out = Path(self.cfg.output_dir)
         self.store = Store(self.out / "steps")
         self._v1 = None
 
     # -- models -------------------------------------------------------------------------------------------------
     def prepare(self) -> None:
-        from .pipeline import task_adapters
+        from .steps import task_adapters
 
         self.out.mkdir(parents=True, exist_ok=True)
         self.v1_adapter, self.v2_adapter = task_adapters(self.cfg, self.rows["train"], self.out, self.tok_old,
@@ -106,27 +108,27 @@ class Pick:
     def v1(self):
         """v1's task model, merged (the teacher of every distilling recipe)."""
         if self._v1 is None:
-            from .pipeline import v1_task_model
+            from .steps import v1_task_model
 
             self._v1 = v1_task_model(self.cfg, self.v1_adapter)
         return self._v1
 
     def v2(self):
-        from .pipeline import _v2_task_model
+        from .steps import _v2_task_model
 
         return _v2_task_model(self.cfg, self.v2_adapter)
 
     def adapter_model(self, adapter: Path):
         from peft import PeftModel
 
-        from .pipeline import load_new_base
+        from .steps import load_new_base
 
         return PeftModel.from_pretrained(load_new_base(self.cfg), adapter)
 
     # -- steps ----------------------------------------------------------------------------------------------------
     def scores(self, name: str, identity, split: str, model_fn, tokenizer=None) -> dict:
         """{"correct": [...], "pred": [...]} of a model (`identity`: what made it) on a split, stored."""
-        from .pipeline import for_scoring
+        from .steps import for_scoring
 
         rows = self.rows[split]
         settings = {"split": split, "rows": _digest(rows), "max_new_tokens": self.cfg.max_new_tokens, "model": name,
@@ -167,7 +169,7 @@ class Pick:
         from ..talr.config import TALRConfig
         from ..talr.trainer import TALRTrainer
         from ..utils.progress import TrainingProgress
-        from .pipeline import _training_kwargs, adapter_start
+        from .steps import _training_kwargs, adapter_start
 
         cfg = self.cfg
         kwargs = _training_kwargs(cfg, output_dir=str(tmp / "trainer"), learning_rate=setting.learning_rate,
@@ -183,11 +185,10 @@ class Pick:
                                     old_model=self.v1(), old_processing_class=self.tok_old, train_dataset=data,
                                     processing_class=self.tok_new, peft_config=peft_config)
         trainer.remove_callback(PrinterCallback)
-        extra = "".join(f", {k} {v:g}" for k, v in setting.fields)
-        trainer.add_callback(TrainingProgress(f"update: {setting.recipe} (lr {setting.learning_rate:g}{extra}) "
-                                              f"seed {seed}"))
+        trainer.add_callback(TrainingProgress(f"update: {setting.label(epochs=False)} seed {seed}"))
         trainer.add_callback(SaveAtEpochs(epochs, tmp, getattr(trainer, "_student_adapter", None)))
         trainer.train()
+        (tmp / "log_history.json").write_text(json.dumps(trainer.state.log_history))
         shutil.rmtree(tmp / "trainer", ignore_errors=True)
 
     def setting_scores(self, setting: Setting, seed: int, split: str) -> dict:
@@ -239,7 +240,7 @@ class Pick:
 
         from ..talr.config import TALRConfig
         from ..talr.trainer import TALRTrainer
-        from .pipeline import _training_kwargs, adapter_start, load_new_base
+        from .steps import _training_kwargs, adapter_start, load_new_base
 
         with tempfile.TemporaryDirectory() as tmp:
             model, peft_config = adapter_start(self.cfg, None if self.cfg.new_adapter is None else self.cfg.new_adapter,
