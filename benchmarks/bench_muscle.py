@@ -18,7 +18,8 @@ median of `--memory-repeats`): peak RSS on CPU, `torch.cuda.max_memory_allocated
 copies of the new base's weights in the MUSCLE trainer (goal 1). `*_op_ratio`: the operator launches of one step
 against SFT's, from `torch.profiler` — CUDA kernels on a GPU, the leaf aten operators on CPU — a measure of the
 small-kernel overhead that needs no GPU (goal ≤ 1.5). `--compile-loss` fuses the tiles with torch.compile (the
-default on CUDA; `--compile-loss off` forces it off).
+default on CUDA; `--compile-loss off` forces it off). `--tiles` fixes the tile (TOKENSxVOCAB); by default
+`tile_sizes` chooses it (1,024 x 8,192 on CPU, from the free memory on a GPU), and `tiles` in the output says which.
 """
 
 from __future__ import annotations
@@ -103,9 +104,11 @@ def build(variant: str, root: Path, args):
         extra = {"old_logits_cache": str(root / "cache")} if variant == "cached" else {"old_model": str(root / "v1")}
         implementation = "logits" if variant == "muscle_logits" else "tiled"
         compile_loss = {"auto": None, "on": True, "off": False}[args.compile_loss]
+        tiles = (None, None) if args.tiles == "auto" else tuple(int(x) for x in args.tiles.split("x"))
         trainer = MUSCLETrainer(model=str(root / "v2"), args=MUSCLEConfig(
             new_adapter=str(root / "v2_adapter"), loss_implementation=implementation, compile_loss=compile_loss,
-            **extra, **common), train_dataset=data, processing_class=tok)
+            kl_chunk_size=tiles[0], vocab_chunk_size=tiles[1], **extra, **common), train_dataset=data,
+            processing_class=tok)
     trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
     trainer.current_gradient_accumulation_steps = 1
     batch = next(iter(trainer.get_train_dataloader()))
@@ -181,7 +184,7 @@ def measure(args) -> dict:
         peaks = {v: [] for v in variants}
         cmd = [sys.executable, __file__, *[f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
                                          ("vocab", "seq", "batch", "hidden", "layers", "lora_r", "k", "device",
-                                          "compile_loss")], *(["--bf16"] if args.bf16 else [])]
+                                          "compile_loss", "tiles")], *(["--bf16"] if args.bf16 else [])]
         for i in range(args.memory_repeats):
             for v in (variants if i % 2 == 0 else variants[::-1]):
                 out = subprocess.run([*cmd, "--_child", v, str(root)], capture_output=True, text=True, check=True,
@@ -202,12 +205,22 @@ def measure(args) -> dict:
         "muscle_op_ratio": round(ops["muscle"] / ops["sft"], 3),
         "muscle_cached_op_ratio": round(ops["cached"] / ops["sft"], 3), "sft_ops": ops["sft"],
         "v2_base_copies": copies, "rounds": args.steps, "k": args.k, "dtype": "bf16" if args.bf16 else "fp32",
-        "device": args.device, "compile_loss": args.compile_loss,
+        "device": args.device, "compile_loss": args.compile_loss, "tiles": tile_label(args),
     }
     if args.with_logits:
         result["muscle_logits_step_time_ratio"] = round(ratio("muscle_logits"), 3)
         result["muscle_logits_peak_memory_ratio"] = round(med["muscle_logits"] / med["sft"], 3)
     return result
+
+
+def tile_label(args) -> str:
+    """The tile the online MUSCLE step used, as TOKENSxVOCAB (auto resolved as `tile_sizes` resolves it)."""
+    if args.tiles != "auto":
+        return args.tiles
+    from adaptguard.muscle.tiled import tile_sizes
+
+    free = torch.cuda.mem_get_info()[0] if args.device == "cuda" else None
+    return "auto " + "x".join(map(str, tile_sizes(args.batch * args.seq, args.vocab, free)))
 
 
 def main() -> None:
@@ -226,6 +239,9 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--compile-loss", choices=["auto", "on", "off"], default="auto",
                         help="MUSCLEConfig.compile_loss: auto (on CUDA only), on, off")
+    parser.add_argument("--tiles", default="auto",
+                        help="the tiled loss's tile: auto (muscle.tiled.tile_sizes: fixed on CPU, from free memory "
+                             "on a GPU) or TOKENSxVOCAB, e.g. 1024x8192")
     parser.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     import datasets

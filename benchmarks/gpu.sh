@@ -38,4 +38,10 @@ for dtype in fp32 bf16; do
     python3 benchmarks/bench_talr.py "${talr[@]}" --device "$device" $flag \
         2>&1 | tee "$out/talr_$dtype.txt" || status=1
 done
+# the tile rule's check: the same MUSCLE steps at the fixed CPU tile (1,024 x 8,192), beside the auto rows above
+for dtype in fp32 bf16; do
+    flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
+    python3 benchmarks/bench_muscle.py "${muscle[@]}" --device "$device" $flag --tiles 1024x8192 \
+        2>&1 | tee "$out/muscle_${dtype}_tiles_1024x8192.txt" || status=1
+done
 exit $status

@@ -8,7 +8,7 @@ from test_muscle_loss import MASKS, _topk_teacher
 
 from adaptguard.muscle.losses import muscle_token_loss, muscle_token_loss_chunked
 from adaptguard.muscle.masks import student_wrong
-from adaptguard.muscle.tiled import LMHead, muscle_token_loss_tiled
+from adaptguard.muscle.tiled import TILE_TENSORS, LMHead, muscle_token_loss_tiled, tile_sizes
 from adaptguard.plugins import get_muscle_mask
 
 B, T, H, V = 3, 5, 8, 13
@@ -63,7 +63,7 @@ def backward_both(out, ref, seed=1):
 
 
 @pytest.mark.parametrize("mask", MASKS)
-@pytest.mark.parametrize("token_chunk, vocab_chunk", [(1, 1), (4, 5), (100, 100)])
+@pytest.mark.parametrize("token_chunk, vocab_chunk", [(1, 1), (4, 5), (100, 100), (None, None)])  # None: tile_sizes
 def test_tiled_equals_reference_in_value_and_gradient(mask, token_chunk, vocab_chunk):
     labels, hiddens, heads = setup(bias=True)
     out, ref, tiled, reference = run_both(labels, hiddens, heads, mask, token_chunk, vocab_chunk)
@@ -79,6 +79,27 @@ def test_tiled_equals_reference_in_value_and_gradient(mask, token_chunk, vocab_c
     backward_both(out, ref)
     for mine, theirs, name in zip(tiled, reference, ("hidden", "weight", "bias")):
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_tile_sizes_from_free_memory():
+    """The tile: fixed without a memory figure; on a GPU the largest within its budget, worked by hand at the
+    issue's sizes (8 × 1,024 tokens, V 131,072, 75 GB free: a quarter of the fp32 logits, 1 GiB, is the budget →
+    33,554,432 float32 per tile → 4,096 × 8,192), a small step (one tile), and scarce memory (1 GB free)."""
+    assert tile_sizes(8192, 131072, None) == (1024, 8192)
+    assert tile_sizes(10, 500, None) == (10, 500)
+    assert tile_sizes(8192, 131072, 75 * 10**9) == (4096, 8192)
+    assert tile_sizes(64, 4096, 80 * 10**9) == (64, 4096)
+    assert tile_sizes(8192, 131072, 10**9) == (1907, 1024)  # 62.5 MB / 32 B = 1,953,125 elements, by 1,024
+    for tokens in (1, 300, 8192, 65536):
+        for vocab in (50, 32000, 131072, 262144):
+            for free in (10**8, 10**9, 8 * 10**10):
+                t, v = tile_sizes(tokens, vocab, free)
+                budget = min(free // 16, max(tokens * vocab, 2**28))
+                assert 1 <= t <= min(tokens, 4096) and 1 <= v <= vocab
+                if v > min(1024, vocab):  # above the floor of one 1,024-wide tile, the budget holds ...
+                    assert TILE_TENSORS * 4 * t * v <= budget
+                    # ... and the tile is the widest that fits: one more 1,024 columns would not
+                    assert v == vocab or TILE_TENSORS * 4 * t * (v + 1024) > budget or t < min(tokens, 4096)
 
 
 def test_softcapping_and_logit_scale():

@@ -80,14 +80,17 @@ class MUSCLEConfig(SFTConfig):
                   "(token x vocabulary) tiles, never building (batch, length, vocabulary) logits; logits: the "
                   "models' full logits, then a chunked KL (more memory; for debugging and comparison)."},
     )
-    kl_chunk_size: int = field(
-        default=1024,
-        metadata={"help": "Scored tokens per chunk (tile height) of the loss computation."},
+    kl_chunk_size: int | None = field(
+        default=None,
+        metadata={"help": "Scored tokens per chunk (tile height) of the loss computation. None: chosen per step "
+                  "(muscle.tiled.tile_sizes: 1024 on CPU; on a GPU up to 4096, from its free memory); the logits "
+                  "path uses 1024."},
     )
-    vocab_chunk_size: int = field(
-        default=8192,
-        metadata={"help": "Vocabulary entries per tile of the tiled loss: the extra memory is a few float32 tensors "
-                  "of kl_chunk_size x vocab_chunk_size."},
+    vocab_chunk_size: int | None = field(
+        default=None,
+        metadata={"help": "Vocabulary entries per tile of the tiled loss: the extra memory is about 8 float32 "
+                  "tensors of kl_chunk_size x vocab_chunk_size. None: chosen per step (8192 on CPU; on a GPU the "
+                  "largest tile within 1/16 of its free memory and a quarter of the logits never built)."},
     )
     compile_loss: bool | None = field(
         default=None,
@@ -110,7 +113,7 @@ class MUSCLEConfig(SFTConfig):
         if self.focal_beta > 0 and (self.packing or self.padding_free):
             raise ValueError("focal_beta weights each item by whether v1 gets it right: with packing or padding_free "
                              "a row is not one item; switch them off")
-        if self.kl_chunk_size < 1 or self.vocab_chunk_size < 1:
+        if any(size is not None and size < 1 for size in (self.kl_chunk_size, self.vocab_chunk_size)):
             raise ValueError(f"kl_chunk_size and vocab_chunk_size must be ≥ 1, got {self.kl_chunk_size}, "
                              f"{self.vocab_chunk_size}")
         if self.loss_implementation not in ("tiled", "logits"):

@@ -294,10 +294,34 @@ class _TiledMuscle(torch.autograd.Function):
                 None if grad_b is None else grad_b.to(b_s.dtype), *([None] * 10))
 
 
+# float32 (token_chunk, vocab_chunk) tensors alive at once in a tile step (the three models' tiles, the gradient,
+# the fold's temporaries): the working set the memory rule below budgets for
+TILE_TENSORS = 8
+
+
+def tile_sizes(tokens: int, vocab: int, free_bytes: int | None) -> tuple[int, int]:
+    """The tile (token_chunk, vocab_chunk) of the tiled loss for a step of `tokens` positions.
+
+    Without a memory figure (`free_bytes` None: a CPU), 1,024 × 8,192: measured there, larger tiles are not faster.
+    On a GPU, where each tile costs a few kernel launches whatever its size, the largest tile whose working set
+    (`TILE_TENSORS` float32 tiles) stays within 1/16 of the free memory and within a quarter of the (tokens, vocab)
+    float32 logits the loss never builds — or within the CPU tile's working set (256 MiB), if that is larger:
+    up to 4,096 tokens (TRL's `chunked_divergence` tile height) × a multiple of 1,024 vocabulary entries, fewer
+    tokens where even 1,024 entries do not fit.
+    """
+    if free_bytes is None:
+        return min(1024, max(1, tokens)), min(8192, vocab)
+    budget = min(free_bytes // 16, max(tokens * vocab, TILE_TENSORS * 4 * 1024 * 8192))  # bytes
+    elements = max(1, budget // (TILE_TENSORS * 4))
+    token_chunk = max(1, min(tokens, 4096, elements // min(1024, vocab)))
+    vocab_chunk = min(vocab, max(min(1024, vocab), elements // token_chunk // 1024 * 1024))
+    return token_chunk, vocab_chunk
+
+
 def muscle_token_loss_tiled(student_hidden: torch.Tensor, student_head: LMHead, new_hidden: torch.Tensor,
                             new_head: LMHead, old: tuple[torch.Tensor, LMHead] | TopKLogProbs, labels: torch.Tensor,
-                            mask: MaskFn, temperature: float = 2.0, token_chunk: int = 1024,
-                            vocab_chunk: int = 8192, compile: bool | None = None) -> TiledMuscleOutput:
+                            mask: MaskFn, temperature: float = 2.0, token_chunk: int | None = None,
+                            vocab_chunk: int | None = None, compile: bool | None = None) -> TiledMuscleOutput:
     """MUSCLE per-token loss (paper 002 eq. 2) and the label cross-entropy from hidden states, never building
     (B, T, V) logits: the same values and gradients as `losses.muscle_token_loss` on the heads' logits.
 
@@ -310,15 +334,20 @@ def muscle_token_loss_tiled(student_hidden: torch.Tensor, student_head: LMHead, 
         labels: (B, T), −100 = not scored.
         mask: `mask(MaskInputs) -> (B, T)`; it sees exactly what `losses.muscle_mask_inputs` gives (argmax and
             label log-probability of each model), computed here from the tiles.
-        token_chunk, vocab_chunk: the tile; peak extra memory ≈ a few × token_chunk × vocab_chunk float32.
+        token_chunk, vocab_chunk: the tile; peak extra memory ≈ `TILE_TENSORS` × token_chunk × vocab_chunk
+            float32. None: `tile_sizes` (on a GPU, from its free memory).
         compile: fuse each tile's elementwise work and reductions with `torch.compile` (a few kernels per tile
             instead of ~100 launches; the first call compiles, ~20 s); None: on a CUDA device only.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    vocab, width = student_head.weight.shape
+    device = student_hidden.device
+    auto = tile_sizes(labels.numel(), vocab, torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None)
+    token_chunk = auto[0] if token_chunk is None else token_chunk
+    vocab_chunk = auto[1] if vocab_chunk is None else vocab_chunk
     if token_chunk < 1 or vocab_chunk < 1:
         raise ValueError(f"token_chunk and vocab_chunk must be ≥ 1, got {token_chunk}, {vocab_chunk}")
-    vocab, width = student_head.weight.shape
     sparse = isinstance(old, TopKLogProbs)
     heads = {"new": new_head} if sparse else {"new": new_head, "old": old[1]}
     for name, head in heads.items():

@@ -400,7 +400,7 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             aux = outputs.aux_loss if self.aux_loss_enabled else None
             student = outputs.logits[:, -labels.shape[1]:]  # a prompt-learning adapter's virtual tokens dropped
             per_token, m = muscle_token_loss_chunked(student, old_logits, new_logits, shifted, mask=self._mask,
-                                                     temperature=args.temperature, chunk_size=args.kl_chunk_size)
+                                                     temperature=args.temperature, chunk_size=args.kl_chunk_size or 1024)
             with torch.no_grad():
                 student_top1 = student.argmax(-1)
                 entropy = torch.distributions.Categorical(logits=student.float()).entropy() * valid
