@@ -27,7 +27,7 @@ python examples/muscle_update.py \
     --model_name_or_path "$(adaptguard embedded tiny-v2)" \
     --new_adapter update-out/v2_task_adapter \
     --old_model "$(adaptguard embedded tiny)" --old_adapter update-out/v1_task_adapter \
-    --dataset_name embedded:domain \
+    --dataset_name data:domain \
     --learning_rate 2e-3 --num_train_epochs 3 --per_device_train_batch_size 16 \
     --bf16 False --use_cpu --report_to none --output_dir tiny-compat
 ```
@@ -39,7 +39,9 @@ def main(script_args, training_args):
 
     from adaptguard import MUSCLETrainer
 
-    if script_args.dataset_name == "embedded:domain":
+    if script_args.dataset_name == "embedded:domain":  # `embedded:` names models only
+        raise SystemExit("--dataset_name: 'embedded:domain' is now 'data:domain'")
+    if script_args.dataset_name == "data:domain":
         from adaptguard.models.embedded import domain_split
 
         train = Dataset.from_list(domain_split()[0])

@@ -16,12 +16,12 @@ accelerate launch examples/sft_talr.py \
     --output_dir Qwen2.5-0.5B-TALR
 ```
 
-Offline on the embedded default (CPU, no download; `embedded:domain` is the demo's domain set):
+Offline on the embedded default (CPU, no download; `data:domain` is the demo's domain set):
 
 ```bash
 python examples/sft_talr.py \
     --model_name_or_path "$(adaptguard embedded tiny)" \
-    --dataset_name embedded:domain \
+    --dataset_name data:domain \
     --learning_rate 3e-4 --num_train_epochs 2 --per_device_train_batch_size 16 \
     --bf16 False --use_cpu --report_to none \
     --token_analysis \
@@ -38,7 +38,9 @@ import argparse
 def load_train_eval(script_args):
     from datasets import Dataset, DatasetDict, load_dataset
 
-    if script_args.dataset_name == "embedded:domain":
+    if script_args.dataset_name == "embedded:domain":  # `embedded:` names models only
+        raise SystemExit("--dataset_name: 'embedded:domain' is now 'data:domain'")
+    if script_args.dataset_name == "data:domain":
         from adaptguard.models.embedded import domain_split
 
         train, test = domain_split()

@@ -291,7 +291,7 @@ def test_example_script(embedded_path, update, tmp_path):
     out = tmp_path / "ex"
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "muscle_update.py"), "--model_name_or_path",
                            str(embedded_path), "--new_adapter", str(update / "v2_adapter"), "--old_model",
-                           str(update / "v1_task"), "--dataset_name", "embedded:domain", "--max_steps", "2",
+                           str(update / "v1_task"), "--dataset_name", "data:domain", "--max_steps", "2",
                            "--per_device_train_batch_size", "4", "--bf16", "False", "--use_cpu", "--report_to", "none",
                            "--output_dir", str(out), "--mask", "old_likelier_token"],
                           capture_output=True, text=True, timeout=600)

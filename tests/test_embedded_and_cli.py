@@ -270,7 +270,7 @@ def test_benchmark_script_runs_small():
 def test_example_script_offline(tmp_path, embedded_path):
     out = tmp_path / "ex"
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "sft_talr.py"), "--model_name_or_path",
-                           str(embedded_path), "--dataset_name", "embedded:domain", "--max_steps", "3",
+                           str(embedded_path), "--dataset_name", "data:domain", "--max_steps", "3",
                            "--per_device_train_batch_size", "4", "--bf16", "False", "--use_cpu", "--report_to",
                            "none", "--output_dir", str(out), "--talr_tau", "0.5"],
                           capture_output=True, text=True, timeout=600)
@@ -278,3 +278,13 @@ def test_example_script_offline(tmp_path, embedded_path):
     assert (out / "model.safetensors").exists()
     args = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
     assert args["global_step"] == 3
+
+
+def test_example_refuses_the_old_dataset_name(tmp_path, embedded_path):
+    """`embedded:` names models only: the demo's domain set is `data:domain`, and the old name says so in one line."""
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "sft_talr.py"), "--model_name_or_path",
+                           str(embedded_path), "--dataset_name", "embedded:domain", "--use_cpu", "--report_to", "none",
+                           "--output_dir", str(tmp_path / "ex")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == "--dataset_name: 'embedded:domain' is now 'data:domain'"
+    assert not (tmp_path / "ex").exists()
