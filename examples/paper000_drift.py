@@ -44,7 +44,7 @@ from adaptguard.utils.sweeps import command_line, format_spread, machine_info, r
 
 @dataclass
 class Args:
-    model: str = field(default="embedded:smollm2", metadata={"help": "Hub id, local path or embedded:<name>."})
+    model: str = field(default="built:smollm2", metadata={"help": "Hub id, local path, built:<name> or embedded:<name>."})
     similarities: str = field(default="0,0.2,0.4,0.6,0.8,1", metadata={"help": "Values of r."})
     seeds: int = field(default=2, metadata={"help": "Seeds per r (corruption and training)."})
     train_rows: int = field(default=32, metadata={"help": "Training questions (each made r-similar)."})

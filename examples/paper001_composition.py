@@ -42,7 +42,7 @@ QUICK_PAIRS = ("af", "df", "ab")  # translation prompts are ~4x longer: 4 s per 
 
 @dataclass
 class Args:
-    model: str = field(default="embedded:smollm2", metadata={"help": "Hub id, local path or embedded:<name>."})
+    model: str = field(default="built:smollm2", metadata={"help": "Hub id, local path, built:<name> or embedded:<name>."})
     pairs: str = field(default=",".join(p for _, p in PAIRS), metadata={"help": "Pairs: ab,ac,af,bd,be,df,gh,t1,t2."})
     k: int = field(default=10, metadata={"help": "Demonstrations per query (the paper's K = 10)."})
     n_test: int = field(default=50, metadata={"help": "Queries per compose_logic task."})

@@ -1,7 +1,7 @@
 """Paper 002 on a real model: a base-model update with and without a MUSCLE compatibility adapter (issue 14,
 experiment 2; paper 002 §5, §6.5).
 
-v1 = SmolLM2-135M-Instruct (`embedded:smollm2`); v2 = a real update of it with the same vocabulary: v1 trained on
+v1 = SmolLM2-135M-Instruct (`built:smollm2`); v2 = a real update of it with the same vocabulary: v1 trained on
 through plain TRL `SFTTrainer` (language modelling) on other text — LogiQA passages — with the recipe below, built
 once into `$ADAPTGUARD_CACHE/paper002/`. Then `adaptguard update`'s pipeline (`run_update`) with these two local
 checkpoints: LoRA task adapters on v1 and on v2 for a real task (MedMCQA questions, answer = the right option's
@@ -47,7 +47,7 @@ MASKS = ("student_wrong", "old_likelier_token")
 
 @dataclass
 class Args:
-    old_model: str = field(default="embedded:smollm2", metadata={"help": "v1: Hub id, local path or embedded:<name>."})
+    old_model: str = field(default="built:smollm2", metadata={"help": "v1: Hub id, local path, built:<name> or embedded:<name>."})
     new_model: str | None = field(default=None, metadata={"help": "v2 (same vocabulary); default: v1 trained on "
                                                                   "LogiQA passages by V2_RECIPE, built once."})
     train_rows: int = field(default=96, metadata={"help": "MedMCQA training questions."})

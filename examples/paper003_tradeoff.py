@@ -1,6 +1,6 @@
 """Paper 003 on a real model: the domain-vs-general trade-off of SFT, TALR and the baselines (issue 14, experiment 1).
 
-Fine-tunes a model (default: SmolLM2-135M-Instruct, `embedded:smollm2`) on a real domain set, MedMCQA as
+Fine-tunes a model (default: SmolLM2-135M-Instruct, `built:smollm2`) on a real domain set, MedMCQA as
 prompt/completion (the right option's text), with SFT, TALR (§3, eq. 5–6), L2-to-init, k3-KL to the base, Wise-FT,
 LoRA and DFT at several learning rates, then measures with lm-eval:
 - the domain score: held-out MedMCQA questions, accuracy of the option letter's log-likelihood (zero-shot);
@@ -46,7 +46,7 @@ ALL_METHODS.pop("FLOW")  # not among the issue's baselines; `adaptguard demo` ru
 
 @dataclass
 class Args:
-    model: str = field(default="embedded:smollm2", metadata={"help": "Hub id, local path or embedded:<name>."})
+    model: str = field(default="built:smollm2", metadata={"help": "Hub id, local path, built:<name> or embedded:<name>."})
     domain: str = field(default="medmcqa", metadata={"help": "Domain set from the evals wheel: medmcqa or logiqa."})
     train_rows: int = field(default=24, metadata={"help": "Domain training questions."})
     test_rows: int = field(default=40, metadata={"help": "Held-out domain questions (the domain score)."})

@@ -5,7 +5,7 @@ in fp32, after torch's int8 dynamic quantization of its decoder's linear layers 
 multiple-choice tasks through lm-eval (zero-shot, log-likelihood of each choice), and compares each variant
 against fp32 with adaptguard's flip metrics (paper 002 §3: NFR, PFR, BTC, McNemar p, a 95% bootstrap CI of NFR).
 
-    python examples/quantization_flips.py                      # embedded:smollm2, 6 tasks x 100 items, int8
+    python examples/quantization_flips.py                      # built:smollm2, 6 tasks x 100 items, int8
     python examples/quantization_flips.py --quick              # 3 tasks x 40 items, int8 (11 min on 2 busy cores)
     python examples/quantization_flips.py --variants int8,bf16 # bf16 too (about 4x slower than fp32 on most CPUs)
     python examples/quantization_flips.py --model Qwen/Qwen2.5-0.5B-Instruct --variants bf16 --limit 1000   # on a GPU
@@ -37,7 +37,7 @@ from adaptguard.utils.sweeps import command_line, machine_info, machine_line, wr
 
 @dataclass
 class Args:
-    model: str = field(default="embedded:smollm2", metadata={"help": "Hub id, local path or embedded:<name>."})
+    model: str = field(default="built:smollm2", metadata={"help": "Hub id, local path, built:<name> or embedded:<name>."})
     tasks: str = field(default=",".join(DEFAULT_TASKS), metadata={"help": "BIG-bench multiple-choice tasks."})
     # the defaults fit the 60-min budget on 2 CPU cores, where fp32 and int8 take 1-3 s per item and bf16 ~10 s
     limit: int = field(default=100, metadata={"help": "Items per task (the first ones, file order)."})

@@ -176,7 +176,7 @@ def test_trainers_refuse_another_models_tokenizer(tmp_path, embedded_path):
 
 
 def test_smollm2_without_the_extra_is_a_message(tmp_path, monkeypatch, capsys):
-    """`adaptguard embedded smollm2` without the gguf reader: one line naming the extra, exit 2, and no half-built
+    """`adaptguard built smollm2` without the gguf reader: one line naming the extra, exit 2, and no half-built
     model left in the cache."""
     import importlib.util
 
@@ -185,9 +185,9 @@ def test_smollm2_without_the_extra_is_a_message(tmp_path, monkeypatch, capsys):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a))
     monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path))
-    assert cli.main(["embedded", "smollm2"]) == 2
+    assert cli.main(["built", "smollm2"]) == 2
     assert 'needs the "real" extra' in capsys.readouterr().err
-    assert list((tmp_path / "embedded").iterdir()) == []
+    assert list((tmp_path / "built").iterdir()) == []
 
 
 def test_smollm2_refuses_another_wheel_version(monkeypatch, tmp_path):
@@ -211,7 +211,7 @@ def test_a_damaged_smollm2_cache_is_rebuilt(tmp_path, monkeypatch):
     from adaptguard.models import embedded, smollm2
 
     monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path))
-    target = tmp_path / "embedded" / f"smollm2-{smollm2.WHEEL_VERSION}"
+    target = tmp_path / "built" / f"smollm2-{smollm2.WHEEL_VERSION}"
     target.mkdir(parents=True)
     (target / "model.safetensors").write_bytes(b"trunc")
     (target / "tokenizer.json").write_text("{}")
@@ -226,7 +226,7 @@ def test_a_damaged_smollm2_cache_is_rebuilt(tmp_path, monkeypatch):
 
     monkeypatch.setattr(smollm2, "build_smollm2", fake_build)
     with pytest.warns(RuntimeWarning, match="incomplete or damaged build"):
-        assert embedded.embedded_model_path("smollm2") == target
+        assert embedded.built_model_path("smollm2") == target
     assert len(builds) == 1 and builds[0] != target and (target / "model.safetensors").stat().st_size == 1000
-    assert embedded.embedded_model_path("smollm2") == target and len(builds) == 1  # complete: not rebuilt
+    assert embedded.built_model_path("smollm2") == target and len(builds) == 1  # complete: not rebuilt
     assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no temporary folder left

@@ -168,8 +168,35 @@ def test_rebuild_trains_and_reports_without_failing(tmp_path, monkeypatch, capsy
 def test_unknown_embedded_name():
     from adaptguard.models.embedded import embedded_model_path
 
-    with pytest.raises(ValueError, match=r"known: \['tiny', 'tiny-v2', 'smollm2'\]"):
+    with pytest.raises(ValueError, match=r"known: \['tiny', 'tiny-v2'\]"):
         embedded_model_path("huge")
+
+
+def test_smollm2_is_built_not_embedded(tmp_path, monkeypatch, capsys):
+    """SmolLM2 is built from its wheel, so its name is `built:smollm2`; the old `embedded:smollm2` fails in one
+    line naming the new, wherever a model is named, and builds nothing."""
+    from adaptguard.cli import main
+    from adaptguard.models import check_model_name, resolve_model
+    from adaptguard.update import UpdateConfig
+
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path))
+    new = "embedded:smollm2 is now built:smollm2 (it is built from its PyPI wheel, not shipped)"
+    for call in (lambda: resolve_model("embedded:smollm2"), lambda: check_model_name("embedded:smollm2")):
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == new
+    rows = [{"prompt": "a", "completion": "b"}]
+    with pytest.raises(ValueError, match=r"^old_base: embedded:smollm2 is now built:smollm2"):
+        UpdateConfig(old_base="embedded:smollm2", new_base="embedded:tiny-v2", train=rows, test=rows)
+    with pytest.raises(ValueError, match=r"Unknown built model 'tiny'; known: \['smollm2'\]"):
+        resolve_model("built:tiny")
+    assert check_model_name("built:smollm2") and check_model_name("embedded:tiny-v2")
+    assert not check_model_name("HuggingFaceTB/SmolLM2-135M-Instruct") and resolve_model("x/y") == "x/y"
+    assert main(["embedded", "smollm2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"adaptguard embedded: error: {new}"]
+    assert main(["lm-eval", "--model", "hf", "--model_args", "pretrained=embedded:smollm2", "--tasks", "x"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"adaptguard lm-eval: error: {new}"
+    assert not any(tmp_path.iterdir())  # nothing built or downloaded
 
 
 def test_exact_match_score():

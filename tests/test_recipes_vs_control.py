@@ -225,3 +225,20 @@ def test_u3_items_longer_than_max_length_are_left_out_of_every_split(tmp_path, e
     assert sorted(inputs) == sorted(r["input"] for r in kept)
     assert split.common["items"] == f"prompt + answer <= {cfg.max_length} tokens"
     assert "items" not in e3.generative(str(generative_toy(tmp_path)[0])).common  # every item fits: key unchanged
+
+
+def test_the_records_keys_keep_smollm2s_stored_name():
+    """SmolLM2 is `built:smollm2` now, and E3/E5's runs were stored under `embedded:smollm2`: the default config
+    still reaches them (each committed score's folder hash recomputes from its settings, the model among them), so
+    the runs resume and the records recompute."""
+    from adaptguard.experiments.common import store_model_name
+    from adaptguard.experiments.real_update import _key
+    from adaptguard.experiments.recipes_vs_control import E3Config
+
+    markers = sorted((Path(__file__).parents[1] / "docs" / "results").glob("e[35]_records/scores/*/e3_*/done.json"))
+    assert len(markers) >= 100
+    assert E3Config().model == "built:smollm2"
+    for marker in markers:
+        settings = json.loads(marker.read_text())
+        assert settings["model"] == store_model_name(E3Config().model), marker
+        assert marker.parent.name.endswith(_key({k: v for k, v in settings.items() if k != "split"})), marker

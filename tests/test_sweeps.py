@@ -56,7 +56,7 @@ def test_command_line_parses_back_to_the_same_arguments():
 
     @dataclass
     class Args:
-        model: str = field(default="embedded:smollm2")
+        model: str = field(default="built:smollm2")
         limit: int = field(default=100)
         variants: str = field(default="int8")
         quick: bool = field(default=False)

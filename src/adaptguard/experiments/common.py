@@ -13,6 +13,12 @@ import numpy as np
 from ..utils.figures import new_figure, save_figure
 
 
+def store_model_name(name: str) -> str:
+    """The model's name in the store keys. SmolLM2 was `embedded:smollm2` when E1–E5 stored their runs (it is
+    `built:smollm2` now): the keys keep that name, so those runs resume and their records recompute unchanged."""
+    return "embedded:smollm2" if name == "built:smollm2" else name
+
+
 def task_rows(spec: str, name: str = "task") -> list[dict]:
     """{input, choices, label} rows of `spec`: `bigbench:<task>` (or a bare BIG-bench task name), or a JSONL file."""
     path = Path(spec)

@@ -31,7 +31,7 @@ from ..utils.files import atomic_write_text
 from ..utils.quiet import hide_unused_library_noise, note_4bit_kernel
 from ..utils.store import Store
 from ..utils.sweeps import machine_line, write_report
-from .common import nfr, score, seeded_order, task_rows, training_rows, verdict
+from .common import nfr, score, seeded_order, store_model_name, task_rows, training_rows, verdict
 
 ARMS = {"compat": "student_wrong", "ll_l": "old_likelier_token", "old_only": "old_only", "control": None}
 MIX_TASKS = ("strategyqa", "logical_fallacy_detection", "implicatures", "movie_recommendation", "navigate",
@@ -41,7 +41,7 @@ MIX_TASKS = ("strategyqa", "logical_fallacy_detection", "implicatures", "movie_r
 @dataclass
 class E1Config:
     out: str = field(default="e1-out", metadata={"help": "Output directory (reused by a re-run: resumes)."})
-    model: str = field(default="embedded:smollm2", metadata={"help": "v1 base: Hub id, path or embedded:<name>."})
+    model: str = field(default="built:smollm2", metadata={"help": "v1 base: Hub id, path or built:<name> or embedded:<name>."})
     task: str = field(default="bigbench:hyperbaton", metadata={
         "help": "bigbench:<task>, or a JSONL file of {input, choices, label} rows."})
     split_seed: int = field(default=1234, metadata={"help": "random.Random(seed).shuffle of the item indices."})
@@ -197,7 +197,7 @@ class E1:
         self.tokenizer = AutoTokenizer.from_pretrained(self.v1_path)
         self.rows = load_rows(cfg)
         self._task_lr, self.choices = None, {}
-        self.common = {"model": cfg.model, "task": cfg.task, "split_seed": cfg.split_seed,
+        self.common = {"model": store_model_name(cfg.model), "task": cfg.task, "split_seed": cfg.split_seed,
                        "sizes": [cfg.n_train, cfg.n_dev, cfg.n_test], "lora": [cfg.lora_r, cfg.lora_alpha],
                        "batch_size": cfg.batch_size, "max_length": cfg.max_length}
 

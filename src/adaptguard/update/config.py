@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..models.embedded import EMBEDDED_NAMES
+from ..models.embedded import check_model_name
 
 
 def model_kind(spec: str) -> str | None:
@@ -164,12 +164,13 @@ class UpdateConfig:
         data = [n for n in ("train", "dev", "test") if isinstance(getattr(self, n), str)]
         for name in (*bases, *data):
             value = getattr(self, name)
-            if name.endswith("_base") and value.startswith("embedded:"):  # built when the run starts
-                if value.removeprefix("embedded:") not in EMBEDDED_NAMES:
-                    raise ValueError(f"{name}: unknown embedded model {value!r}; known: "
-                                     f"{', '.join('embedded:' + n for n in EMBEDDED_NAMES)}")
-            else:
-                check_local_path(value, name)
+            if name.endswith("_base"):
+                try:
+                    if check_model_name(value):  # one of ours: found or built when the run starts
+                        continue
+                except ValueError as err:
+                    raise ValueError(f"{name}: {err}") from None
+            check_local_path(value, name)
 
     def default_candidates(self) -> list[dict]:
         """The pick's candidates when none are given, at the compat learning rate and epochs: the control and every

@@ -129,7 +129,7 @@ def _v2_task_model(cfg: UpdateConfig, v2_adapter: Path | None):
 
 
 def resolved(cfg: UpdateConfig) -> UpdateConfig:
-    """`cfg` with `embedded:` names replaced by local paths (built on first use), the user's models checked."""
+    """`cfg` with `embedded:`/`built:` names replaced by local paths (built on first use), the user's models checked."""
     new = ({**cfg.new_base, "base": resolve_model(cfg.new_base_path)} if isinstance(cfg.new_base, dict)
            else resolve_model(cfg.new_base))
     out = dataclasses.replace(cfg, old_base=resolve_model(cfg.old_base), new_base=new)
