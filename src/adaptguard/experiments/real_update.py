@@ -297,9 +297,13 @@ class E1:
             correct = score(model_fn(), self.tokenizer, self.rows[split], tmp / "task", self.cfg.eval_batch_size)
             (tmp / "scores.json").write_text(json.dumps(correct))
 
-        folder = self.store.get(f"scores/{split}/{name}", {**settings, "split": split},
+        folder = self.store.get(f"scores/{split}/{name}", self.score_settings(settings, split),
                                 self._timed(f"scoring {name} on {split}", make))
         return json.loads((folder / "scores.json").read_text())
+
+    def score_settings(self, settings: dict, split: str) -> dict:
+        """What a scoring of a model with `settings` on `split` is stored under (its key, and the lookup of it)."""
+        return {**settings, "split": split}
 
     def v1_scores(self, split: str) -> list[bool]:
         lr = self.task_lr

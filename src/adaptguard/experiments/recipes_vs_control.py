@@ -117,10 +117,12 @@ class GenerativeE1(E1):
             (tmp / "scores.json").write_text(json.dumps(exact_match(preds, rows)))
             (tmp / "predictions.json").write_text(json.dumps(preds))
 
-        folder = self.store.get(f"scores/{split}/{name}", {**settings, "split": split, "scoring": "exact_match",
-                                                            "max_new_tokens": self.max_new_tokens},
+        folder = self.store.get(f"scores/{split}/{name}", self.score_settings(settings, split),
                                 self._timed(f"scoring {name} on {split}", make))
         return json.loads((folder / "scores.json").read_text())
+
+    def score_settings(self, settings: dict, split: str) -> dict:
+        return {**super().score_settings(settings, split), "scoring": "exact_match", "max_new_tokens": self.max_new_tokens}
 
 
 def generative_rows(spec: str) -> list[dict]:

@@ -82,7 +82,7 @@ class E5Runs:
         """The rebuilt v1 and v2 task models' test answers, stored under their own names, against the recorded."""
         e, kind, setting = self.update(name)
         lr = e.task_lr
-        if e.store.find(f"scores/test/v1_{lr:g}", {**e.common, "lr": lr, "split": "test"}) is None:
+        if e.store.find(f"scores/test/v1_{lr:g}", e.score_settings({**e.common, "lr": lr}, "test")) is None:
             raise SystemExit(f"E5: {name}: the recorded v1 test answers are not in {e.root}: copy "
                              f"{E3_RECORDS} into it first (they are the reference of every seed)")
         machine = machine_info().get("cpu", "")
