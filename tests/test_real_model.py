@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,3 +212,27 @@ def test_update_pick_on_a_quantized_smollm2(smollm2_path, tmp_path):
     arm = "pick" if chosen != "control" else "control"
     assert report["test"]["arms"][arm]["new_acc"] == accuracy(quantized(out / "chosen"), rows[9:])
     assert report["new_base"]["quantization"] == quant and report["verdict"].startswith("ship ")
+
+
+def test_e5_finds_every_updates_recorded_reference(smollm2_path, tmp_path, monkeypatch):
+    """E5's new seeds count their flips against E3's recorded v1 test answers: in a store made from the committed
+    records, the runner finds that reference for the multiple-choice updates and for U3's generated answers (whose
+    scoring is part of the key), without training or scoring anything."""
+    from adaptguard.experiments import seeds_not_items as e5
+    from adaptguard.experiments.recipes_vs_control import E3Config
+
+    monkeypatch.chdir(Path(__file__).parents[1])  # the records' paths are the repository's
+    out = tmp_path / "e5"
+    e5.seed_records(out, [e5.E3_RECORDS])
+    runs = e5.E5Runs(E3Config(out=str(out)), None, say=lambda _: None)
+    before = sorted(str(p) for p in out.rglob("done.json"))
+    for name in ("continued", "generative"):
+        e = runs.update(name)[0]
+        found = runs.recorded_v1(name, e)
+        settings = json.loads((found / "done.json").read_text())
+        assert found.name == f"v1_{e.task_lr:g}" and settings["split"] == "test"
+        assert (settings.get("scoring") == "exact_match") == (name == "generative")
+    assert sorted(str(p) for p in out.rglob("done.json")) == before  # nothing trained or scored
+    (found / "done.json").unlink()
+    with pytest.raises(SystemExit, match="the recorded v1 test answers are not in"):
+        runs.recorded_v1("generative", e)

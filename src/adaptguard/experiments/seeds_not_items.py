@@ -78,13 +78,20 @@ class E5Runs:
             e = self.e3.multiple_choice()
         return e, entry["kind"], entry["setting"]
 
+    def recorded_v1(self, name: str, e) -> Path:
+        """The folder of E3's recorded v1 test answers of update `name` (the reference of every seed's NFR), found
+        under the key its scoring stored it with; exits saying what to copy when the store lacks it."""
+        lr = e.task_lr
+        found = e.store.find(f"scores/test/v1_{lr:g}", e.score_settings({**e.common, "lr": lr}, "test"))
+        if found is None:
+            raise SystemExit(f"E5: {name}: the recorded v1 test answers are not in {e.root}: copy "
+                             f"{E3_RECORDS} into it first (they are the reference of every seed)")
+        return found
+
     def rebuilt_check(self, name: str) -> dict:
         """The rebuilt v1 and v2 task models' test answers, stored under their own names, against the recorded."""
         e, kind, setting = self.update(name)
-        lr = e.task_lr
-        if e.store.find(f"scores/test/v1_{lr:g}", e.score_settings({**e.common, "lr": lr}, "test")) is None:
-            raise SystemExit(f"E5: {name}: the recorded v1 test answers are not in {e.root}: copy "
-                             f"{E3_RECORDS} into it first (they are the reference of every seed)")
+        self.recorded_v1(name, e)
         machine = machine_info().get("cpu", "")
         common = {**e.common, "lr": e.task_lr, "rebuilt_on": machine}
         v1 = e.scores("v1_rebuilt", common, "test", e.v1_task_model)
