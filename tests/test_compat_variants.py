@@ -106,7 +106,7 @@ def test_group_variant_flips_equal_compare(variant_runs, lm_runs):
 def test_variant_without_reference_reports_the_original_metrics(variant_runs, lm_runs, tmp_path):
     """Plain lm_eval on YAMLs from `adaptguard compat-tasks`: the original's scores, no flips, one warning."""
     gen = tmp_path / "gen"
-    proc = run_cli("compat-tasks", "t_piqa", "--include_path", variant_runs / "tasks", "--out", gen)
+    proc = run_cli("compat-tasks", "t_piqa", "--include-path", variant_runs / "tasks", "--out", gen)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in gen.iterdir()) == ["compat_t_piqa.yaml"]
     proc = lm_eval(lm_runs / "new_model" / "model", gen, tmp_path / "run", "compat_t_piqa")
@@ -164,5 +164,5 @@ def test_unknown_names_and_folders_are_refused(variant_runs, tmp_path):
     proc = run_cli("compat-tasks", "no_such_task", "--include_path", variant_runs / "tasks", "--out", tmp_path / "o")
     assert proc.returncode == 2 and "lm-eval knows no task, group or tag 'no_such_task'" in proc.stderr
     assert not (tmp_path / "o").exists()
-    proc = run_cli("compat-tasks", "t_piqa", "--include_path", tmp_path / "missing", "--out", tmp_path / "o")
-    assert proc.returncode == 2 and "no such directory" in proc.stderr
+    proc = run_cli("compat-tasks", "t_piqa", "--include_path", tmp_path / "missing", "--out", tmp_path / "o")  # the alias
+    assert proc.returncode == 2 and f"--include-path {tmp_path / 'missing'}: no such directory" in proc.stderr

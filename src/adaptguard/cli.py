@@ -210,7 +210,7 @@ def _compat_tasks(ns: argparse.Namespace) -> int:
 
     for d in ns.include_path or []:
         if not Path(d).is_dir():
-            raise ValueError(f"--include_path {d}: no such directory")
+            raise ValueError(f"--include-path {d}: no such directory")
     written = write_compat_tasks(ns.names, ns.out, include_path=ns.include_path)
     print("\n".join(map(str, written)))
     print(f"use: lm_eval --include_path {ns.out} --tasks {','.join('compat_' + n.removeprefix('compat_') for n in ns.names)}"
@@ -561,7 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
                                              "group or tag lm-eval knows, for lm_eval --include_path")
     ct.add_argument("names", nargs="+", help="task, group or tag names (e.g. mmlu arc_easy)")
     ct.add_argument("--out", required=True, help="directory to write the YAMLs into")
-    ct.add_argument("--include_path", action="append", help="your own task folders, as for lm_eval (repeatable)")
+    ct.add_argument("--include-path", dest="include_path", action="append",
+                    help="your own task folders, as lm_eval's --include_path (repeatable)")
     ct.set_defaults(func=_compat_tasks)
     cache = sub.add_parser("cache-logits", help="Run the old model once over a training set and store its top-k "
                            "log-probabilities, for MUSCLETrainer (MUSCLEConfig.old_logits_cache).")
