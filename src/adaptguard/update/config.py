@@ -46,7 +46,7 @@ def same_model(a: str, b: str) -> bool:
 
 @dataclass
 class UpdateConfig:
-    old_base: str  # Hub id or local path of the old base model (v1)
+    old_base: str  # Hub id or local path of the old base model (v1); or one of ours: built:smollm2, embedded:tiny
     # ... of the new base model (v2), same vocabulary; or v1 quantized: {"quantization": {"library": "bitsandbytes",
     # "load_in_4bit": true, ...}} (that library's own config fields; "base": another model to quantize)
     new_base: str | dict
