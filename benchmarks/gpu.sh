@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check (issue 56), ready to run on one card with no network: MUSCLE and TALR against plain LoRA / full SFT
-# at the issue's sizes, in fp32 and bf16, each table written to a folder.
+# at the issue's sizes, in fp32 and bf16, each table written to a folder (8 files), after the tiled loss's CUDA test.
 #
 #   bash benchmarks/gpu.sh [OUT_DIR]          # default OUT_DIR: $OUT if set, else gpu-bench-out
 #   QUICK=1 bash benchmarks/gpu.sh out        # small sizes, a few steps: the script's mechanics (on a CPU too)
@@ -31,6 +31,8 @@ else
     talr=(--vocab 131072 --seq 2048 --batch 4 --hidden 1024 --layers 8 --steps 10 --memory-repeats 1)
 fi
 status=0
+# the GPU path (compiled tiles, tile sizes from free memory) against the reference loss on the card (skips on a CPU)
+python3 -m pytest -q -p no:cacheprovider tests/test_muscle_tiled.py -k cuda 2>&1 | tee "$out/tests_cuda.txt" || status=1
 for dtype in fp32 bf16; do
     flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
     python3 benchmarks/bench_muscle.py "${muscle[@]}" --device "$device" $flag --with-logits \

@@ -232,3 +232,38 @@ def test_compiled_tiles_equal_the_reference():
     (out.kl * w).sum().backward()
     (loss * w).sum().backward()
     torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu.sh runs it on one)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_the_default_path_equals_the_reference(dtype):
+    """On a GPU the defaults (compiled tiles, tile sizes from the free memory) against the reference on the same card,
+    at a vocabulary of several tiles: dense old teacher and top-k cached one; the tolerances of the CPU tests above."""
+    b, t, h, v = 2, 96, 64, 50_000
+    g = torch.Generator().manual_seed(11)
+    labels = torch.randint(0, v, (b, t), generator=g)
+    labels[1, 40:] = -100
+    hs, hn, ho = (torch.randn(b, t, h, generator=g).to(dtype).cuda() for _ in range(3))
+    s_head, n_head, o_head = (LMHead((torch.randn(v, h, generator=g) / 4).to(dtype).cuda()) for _ in range(3))
+    labels = labels.cuda()
+    w = torch.rand(b, t, generator=g).cuda()
+    rtol, atol = (1e-5, 1e-5) if dtype == torch.float32 else (1e-2, 1e-2)
+    for old in ("dense", "cached"):
+        h1, h2, w1, w2 = leaf(hs), leaf(hs), leaf(s_head.weight), leaf(s_head.weight)
+        zo = logits_of(ho, o_head)
+        teacher = (ho, o_head) if old == "dense" else _topk_teacher(zo, 64)[0]
+        out = muscle_token_loss_tiled(h1, LMHead(w1), hn, n_head, teacher, labels, student_wrong)
+        zs = logits_of(h2, LMHead(w2))
+        if old == "dense":
+            ref, m = muscle_token_loss(zs, zo, logits_of(hn, n_head), labels, student_wrong)
+        else:
+            ref, m = muscle_token_loss_chunked(zs, teacher, logits_of(hn, n_head), labels, student_wrong, chunk_size=32)
+        torch.testing.assert_close(out.m, m, msg=old)
+        torch.testing.assert_close(out.kl, ref, rtol=rtol, atol=atol, msg=old)
+        (out.kl * w).sum().backward()
+        (ref * w).sum().backward()
+        for mine, theirs in ((h1.grad, h2.grad), (w1.grad, w2.grad)):
+            if dtype == torch.float32:
+                torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5, msg=old)
+            else:  # bf16: within 2e-2 of the largest entry, as test_bf16_within_stated_tolerance
+                assert (mine.float() - theirs.float()).abs().max() <= 2e-2 * theirs.float().abs().max(), old
