@@ -299,21 +299,28 @@ def test_generation_stops_at_a_stop_string_and_says_which_rows_ran_out(embedded_
         assert finished[i] == (stop in full[i] or ran[i])
 
 
-def test_default_candidates_follow_e3s_registered_rule(tmp_path):
-    """Registered after-the-verdict rule (docs/preregistration.md § E3): the default candidates are the control plus
-    every recipe whose Δ NFR CI against the control lies below 0 on some update of E3's committed report, with E3's
-    settings (the runner's arms at T 2) on one budget."""
+def test_default_candidates_follow_e5(tmp_path):
+    """Registered (docs/preregistration.md § E5, Product): the default candidates are the control plus every recipe
+    that helps on some update in E5's committed report, decided over its registered seeds (8 per arm on U1 and U2 and
+    for U3's control and focal), with E3's settings (the runner's arms at T 2) on one budget."""
     from adaptguard import MUSCLEConfig
     from adaptguard.experiments.recipes_vs_control import ARMS
     from adaptguard.muscle.recipes import RECIPE_FIELDS
     from adaptguard.update import UpdateConfig
     from adaptguard.update.candidates import expand_candidates
 
-    report = json.loads((Path(__file__).parents[1] / "docs/results/e3_records/e3/report.json").read_text())
+    report = json.loads((Path(__file__).parents[1] / "docs/results/e5_report.json").read_text())["E3"]
+    for name, update in report["updates"].items():  # the family is complete: every registered seed is in
+        for arm, r in update["arms"].items():
+            registered = 8 if name != "generative" or arm in ("control", "focal") else 3
+            assert len(r["seeds"]) == registered, (name, arm)
+    assert report["family"] == 12
     recipe_of = {"muscle": "muscle_ce", "ll_l": "ll_l_ce", "kd": "kd", "focal": "focal"}  # E3's arms: eq. 1 / LL_L + CE
     arm_of = {r: a for a, r in recipe_of.items()}
-    reproduced = {recipe_of[arm] for u in report["updates"].values() for arm, r in u["arms"].items()
-                  if r.get("vs_control", {}).get("delta_nfr_ci", [0, 0])[1] < 0}
+    helps = {c["arm"] for u in report["updates"].values() for c in (r.get("vs_control") for r in u["arms"].values())
+             if c and c["verdict"] == "reproduced" and c["acc_ci"][0] > -0.02}
+    assert helps == set(report["helps"])
+    reproduced = {recipe_of[a] for a in helps}
     cfg = UpdateConfig(old_base="embedded:tiny", new_base="embedded:tiny-v2", train=[], test=[], dev=[],
                        compat_learning_rate=3e-4, compat_epochs=2)
     settings = expand_candidates(cfg.default_candidates())

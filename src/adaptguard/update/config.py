@@ -9,6 +9,11 @@ from pathlib import Path
 
 from ..models.embedded import check_model_name
 
+# The recipes that E5 (docs/results.md §10; docs/results/e5_report.json) found to help on some update by its
+# registered rule: Δ NFR against the control below 0 at run level after the family's correction, Δ accuracy above
+# −2 points. `tests/test_update_pick.py` derives this from the committed report.
+E5_HELPS: tuple[str, ...] = ()
+
 
 def model_kind(spec: str) -> str | None:
     """"adapter" (a folder with adapter_config.json), "full" (config.json without it), None for a name that is not
@@ -174,13 +179,11 @@ class UpdateConfig:
 
     def default_candidates(self) -> list[dict]:
         """The pick's candidates when none are given, at the compat learning rate and epochs: the control and every
-        recipe that E3 (docs/results.md §8) found to break fewer of v1's answers than the control on some update,
-        with E3's settings: `muscle_ce` and `ll_l_ce` (eq. 1 and LL_L with the auxiliary cross-entropy, paper 002
-        §5), `kd` and `focal` (α 1, β 5); T = `temperature`."""
+        recipe that E5 (docs/results.md §10) found to help on some update, with E3's settings (T = `temperature`).
+        None did, so with no `candidates` update retrains on the labels: the control alone."""
         budget = {"learning_rate": [self.compat_learning_rate], "epochs": [max(1, round(self.compat_epochs))]}
         distill = {"temperature": [self.temperature]}
-        return [{"recipe": "control", **budget},
-                *({"recipe": r, **budget, **distill} for r in ("muscle_ce", "ll_l_ce", "kd", "focal"))]
+        return [{"recipe": "control", **budget}, *({"recipe": r, **budget, **distill} for r in E5_HELPS)]
 
     @property
     def old_is_full_model(self) -> bool:
