@@ -109,6 +109,9 @@ def build(variant: str, root: Path, args):
             new_adapter=str(root / "v2_adapter"), loss_implementation=implementation, compile_loss=compile_loss,
             kl_chunk_size=tiles[0], vocab_chunk_size=tiles[1], **extra, **common), train_dataset=data,
             processing_class=tok)
+    # as train() does: accelerate wraps the model's forward in autocast for --bf16 (the Trainer's own autocast
+    # context is a no-op in transformers 5), so without this a "bf16" step would run in fp32
+    trainer.model = trainer.accelerator.prepare_model(trainer.model)
     trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
     trainer.current_gradient_accumulation_steps = 1
     batch = next(iter(trainer.get_train_dataloader()))
@@ -191,17 +194,17 @@ def measure(args) -> dict:
                                      env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
                 peaks[v].append(json.loads(out.stdout.strip().splitlines()[-1])["peak_growth"])
     ratio = lambda v: statistics.median(a / b for a, b in zip(times[v], times["sft"]))  # noqa: E731
-    med = {v: statistics.median(p) for v, p in peaks.items()}
+    med = {v: statistics.median(p) for v, p in peaks.items()} if args.memory_repeats else {}
+    memory = lambda v: round(med[v] / med["sft"], 3) if med else None  # noqa: E731 (--memory-repeats 0: not measured)
+    mib = lambda v: round(med[v] / 2**20, 1) if med else None  # noqa: E731
     result = {
         "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
         "muscle_step_time_ratio": round(ratio("muscle"), 3),
         "muscle_cached_step_time_ratio": round(ratio("cached"), 3),
-        "muscle_peak_memory_ratio": round(med["muscle"] / med["sft"], 3),
-        "muscle_cached_peak_memory_ratio": round(med["cached"] / med["sft"], 3),
+        "muscle_peak_memory_ratio": memory("muscle"), "muscle_cached_peak_memory_ratio": memory("cached"),
         "sft_step_seconds_median": round(statistics.median(times["sft"]), 4),
-        "sft_peak_growth_mib": round(med["sft"] / 2**20, 1),
-        "muscle_peak_growth_mib": round(med["muscle"] / 2**20, 1),
-        "muscle_cached_peak_growth_mib": round(med["cached"] / 2**20, 1),
+        "sft_peak_growth_mib": mib("sft"), "muscle_peak_growth_mib": mib("muscle"),
+        "muscle_cached_peak_growth_mib": mib("cached"),
         "muscle_op_ratio": round(ops["muscle"] / ops["sft"], 3),
         "muscle_cached_op_ratio": round(ops["cached"] / ops["sft"], 3), "sft_ops": ops["sft"],
         "v2_base_copies": copies, "rounds": args.steps, "k": args.k, "dtype": "bf16" if args.bf16 else "fp32",
@@ -209,7 +212,7 @@ def measure(args) -> dict:
     }
     if args.with_logits:
         result["muscle_logits_step_time_ratio"] = round(ratio("muscle_logits"), 3)
-        result["muscle_logits_peak_memory_ratio"] = round(med["muscle_logits"] / med["sft"], 3)
+        result["muscle_logits_peak_memory_ratio"] = memory("muscle_logits")
     return result
 
 
@@ -233,7 +236,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--lora-r", type=int, default=16)
     parser.add_argument("--k", type=int, default=64)
-    parser.add_argument("--memory-repeats", type=int, default=3)
+    parser.add_argument("--memory-repeats", type=int, default=3, help="0: step times and launches only")
     parser.add_argument("--with-logits", action="store_true", help="also MUSCLE on the full-logits path")
     parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision (TRL's bf16=True) for every trainer")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")

@@ -61,6 +61,9 @@ def build(variant: str, args, out: str):
     else:
         trainer = TALRTrainer(model=model, args=TALRConfig(**common, kl_beta=args.kl_beta),
                               train_dataset=Dataset.from_list(rows), processing_class=tok)
+    # as train() does: accelerate wraps the model's forward in autocast for --bf16 (the Trainer's own autocast
+    # context is a no-op in transformers 5), so without this a "bf16" step would run in fp32
+    trainer.model = trainer.accelerator.prepare_model(trainer.model)
     trainer.create_optimizer_and_scheduler(num_training_steps=10_000)
     trainer.current_gradient_accumulation_steps = 1
     batch = next(iter(trainer.get_train_dataloader()))

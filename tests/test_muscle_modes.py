@@ -118,3 +118,35 @@ def test_one_way_at_a_time(embedded_path, update, tmp_path):
     with pytest.raises(ValueError, match="already a PeftModel"):
         MUSCLETrainer(model=peft_model, args=compat_args(tmp_path, None, old_model=str(update / "v1_task")),
                       peft_config=peft_config_of("lora"), train_dataset=Dataset.from_list(ROWS))
+
+
+@pytest.mark.parametrize("old", ["model", "cache"])
+def test_bf16_mixed_precision_reaches_the_student_and_the_teachers(old, embedded_path, update, tmp_path):
+    """`bf16=True` on fp32 weights is accelerate's autocast around the model's forward; the tiled loss runs the
+    backbones through the forward redirection, so it must keep that autocast: every projection of the student, of
+    v2 (the new teacher) and of v1 runs in bf16 during `train()`, as in SFTTrainer's step."""
+    from transformers import AutoTokenizer
+
+    from adaptguard import MUSCLETrainer
+    from adaptguard.muscle.logit_cache import cache_logits_for_training
+
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    if old == "cache":
+        from transformers import AutoModelForCausalLM
+
+        cache_logits_for_training(AutoModelForCausalLM.from_pretrained(update / "v1_task"), tok,
+                                  Dataset.from_list(ROWS), tmp_path / "cache", k=8)
+    source = {"old_logits_cache": str(tmp_path / "cache")} if old == "cache" else {"old_model": str(update / "v1_task")}
+    trainer = MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path / "out", update / "v2_adapter",
+                                                                       bf16=True, max_steps=1, **source),
+                            train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    seen = {}
+    models = {"trained": trainer.model, **({"v1": trainer.old_model} if old == "model" else {})}
+    for who, model in models.items():
+        for name, module in model.named_modules():
+            if name.endswith("q_proj.base_layer") or (name.endswith("q_proj") and who == "v1"):
+                module.register_forward_hook(lambda m, i, o, key=(who, name): seen.setdefault(key, set()).add(o.dtype))
+    trainer.train()
+    assert next(trainer.model.parameters()).dtype == torch.float32  # fp32 weights: the autocast does the bf16
+    assert seen and {who for who, _ in seen} == set(models)
+    assert all(dtypes == {torch.bfloat16} for dtypes in seen.values()), seen

@@ -390,8 +390,11 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         outputs = None
         if self._tiled:
             unwrapped = self.accelerator.unwrap_model(model)
-            out, aux = self._forward_redirection(model, unwrapped, self._tiled_loss, unwrapped, inputs, labels,
-                                                 shifted)
+            # accelerate's mixed precision is an autocast around the model's forward, which the redirection
+            # replaces and the backbones bypass: without this, bf16=True would train and distil in fp32
+            with self.accelerator.autocast():
+                out, aux = self._forward_redirection(model, unwrapped, self._tiled_loss, unwrapped, inputs, labels,
+                                                     shifted)
             per_token, m, student_top1, entropy = out.kl, out.m, out.student_top1, out.student_entropy
             ce_sum = out.ce.sum()
         else:  # the (B, L, V) logits of all three models, then a chunked KL: for debugging, prompt learning
