@@ -267,3 +267,32 @@ def test_on_cuda_the_default_path_equals_the_reference(dtype):
                 torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5, msg=old)
             else:  # bf16: within 2e-2 of the largest entry, as test_bf16_within_stated_tolerance
                 assert (mine.float() - theirs.float()).abs().max() <= 2e-2 * theirs.float().abs().max(), old
+
+
+def test_backward_keeps_the_forwards_autocast():
+    """Mixed precision (bf16=True) is an autocast around the forward, and autograd runs backward outside it: the
+    backward's recomputed tiles and gradient matmuls must still run in bf16, as autograd's own backward of the
+    reference's matmuls does (on a GPU, fp32 there made a bf16 step 5.5x SFT's). Every matrix product of the backward
+    gets bf16 operands; the gradients match the reference's under the same autocast within the bf16 tolerance."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class MatmulDtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+                self.seen |= {a.dtype for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2}
+            return func(*args, **(kwargs or {}))
+
+    labels, hiddens, heads = setup(seed=12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref, tiled, reference = run_both(labels, hiddens, heads, "student_wrong", 4, 5)
+    mode = MatmulDtypes()
+    with mode:
+        ((out.kl * 0.7).sum() + (out.ce * 0.3).sum()).backward()
+    assert mode.seen == {torch.bfloat16}, mode.seen
+    ((ref[0] * 0.7).sum() + (ref[2] * 0.3).sum()).backward()
+    for mine, theirs in zip(tiled[:2], reference[:2]):
+        assert (mine - theirs).abs().max() <= 2e-2 * theirs.abs().max()

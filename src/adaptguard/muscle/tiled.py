@@ -243,12 +243,22 @@ class _TiledMuscle(torch.autograd.Function):
         ctx.save_for_backward(h_s, w_s, b_s, h_new, w_new, b_new, h_old, w_old, b_old, top_logp, top_idx, top_rest,
                               rows, y, m, out["lse1_s"], out["lse_b"], out["lse_new"], out["lse_old"])
         ctx.spec = spec
+        # autograd runs backward outside the forward's autocast: the recomputed tiles and the gradient matmuls
+        # must use the forward's precision (as `torch.amp.custom_bwd`, for whichever device the tensors are on)
+        kind = h_s.device.type
+        ctx.autocast = kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
         student_top1, entropy = inputs.student_top1, grid(out["entropy_s"])
         ctx.mark_non_differentiable(m_grid, student_top1, entropy)
         return grid(kl), grid(ce), m_grid, student_top1, entropy
 
     @staticmethod
     def backward(ctx, g_kl, g_ce, _g_m, _g_top1, _g_entropy):
+        kind, enabled, dtype = ctx.autocast
+        with torch.autocast(kind, dtype=dtype, enabled=enabled):
+            return _TiledMuscle._backward(ctx, g_kl, g_ce)
+
+    @staticmethod
+    def _backward(ctx, g_kl, g_ce):
         (h_s, w_s, b_s, h_new, w_new, b_new, h_old, w_old, b_old, top_logp, top_idx, top_rest,
          rows, y, m, lse1_s, lse_b, lse_new, lse_old) = ctx.saved_tensors
         spec = ctx.spec
