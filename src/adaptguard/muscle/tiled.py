@@ -143,13 +143,16 @@ def _grad_tile(zs, zn, zo, lse_b, lse_new, lse_old, lse1_s, mc, gk, gc, yc, v0, 
                pt, pj, k_idx):
     """d loss / d z_s on one tile (n, w): gk·(σ(z_s/T) − p_mix) + gc·(σ(z_s) − onehot(y)), through the student's
     softcap and scale. p_mix = (1 − m)·σ(z_new/T) + m·p_old, p_old from the old tile `zo`, or, from the top-k cache,
-    `pt` off the cached indices `k_idx` and `pj` on them. Pure, so a compiler can fuse it."""
+    `pt` off the cached indices `k_idx` and `pj` on them; a teacher no token of the tile reads is None.
+    Pure, so a compiler can fuse it."""
     width = zs.shape[1]
     q = torch.exp(zs / temperature - lse_b[:, None])
-    p_mix = (1 - mc) * torch.exp(zn / temperature - lse_new[:, None])
+    p_mix = torch.zeros_like(q)
+    if zn is not None:  # None: every token of the tile reads v1 (m = 1), and v1 none when `zo` and `pt` are None
+        p_mix = (1 - mc) * torch.exp(zn / temperature - lse_new[:, None])
     if zo is not None:
         p_mix = p_mix + mc * torch.exp(zo / temperature - lse_old[:, None])
-    else:
+    elif pt is not None:
         offset = k_idx - v0
         here = (offset >= 0) & (offset < width)
         p_mix = p_mix + mc * pt
@@ -270,36 +273,44 @@ class _TiledMuscle(torch.autograd.Function):
         grad_h = torch.zeros(h_s.shape, dtype=torch.float32, device=h_s.device) if need_h else None
         grad_w = torch.zeros(w_s.shape, dtype=torch.float32, device=w_s.device) if need_w else None
         grad_b = torch.zeros(b_s.shape, dtype=torch.float32, device=b_s.device) if need_b else None
-        for start in range(0, len(rows), spec.token_chunk):
-            sl = slice(start, start + spec.token_chunk)
-            idx, yc, mc = rows[sl], y[sl], m[sl][:, None]
-            hs, hn = h_s[idx], h_new[idx]
-            gk, gc = g_kl[sl][:, None] / temperature, g_ce[sl][:, None]
-            if sparse:
-                log_pj, log_pt = sparse_log_probs(top_logp[idx], top_rest[idx], temperature, vocab)
-                pt = torch.nan_to_num(log_pt.exp())[:, None]
-                k_idx, pj = top_idx[idx].long(), log_pj.exp()
-            else:
-                ho = h_old[idx]
-            grad_hc = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device) if need_h else None
-            grad_tile = _compiled(_grad_tile) if spec.compiled else _grad_tile
-            for v0 in range(0, vocab, spec.vocab_chunk):
-                v1 = min(v0 + spec.vocab_chunk, vocab)
-                zs = _tile(hs, w_s, b_s, post_s, v0, v1)
-                zn = _tile(hn, w_new, b_new, post_new, v0, v1)
-                zo = None if sparse else _tile(ho, w_old, b_old, post_old, v0, v1)
-                grad_z = grad_tile(zs, zn, zo, lse_b[sl], lse_new[sl], None if sparse else lse_old[sl], lse1_s[sl], mc,
-                                   gk, gc, yc, torch.tensor(v0, device=zs.device), temperature, post_s,
-                                   *((pt, pj, k_idx) if sparse else (None, None, None)))
-                grad_z = grad_z.to(w_s.dtype)  # as autograd of the head's matmul would see it
+        # a token's gradient reads only the teacher its mask gives it (m is 0 or 1, `apply_mask`): with the tokens
+        # ordered by teacher, a chunk recomputes only its teacher's tiles (one head matmul less per token)
+        order = torch.argsort(m, stable=True)
+        rows, y, m, lse1_s, lse_b, lse_new, lse_old, g_kl, g_ce = (
+            t[order] for t in (rows, y, m, lse1_s, lse_b, lse_new, lse_old, g_kl, g_ce))
+        bounds = [0, int((m == 0).sum()), len(rows)]  # tokens [0, b) read v2, [b, n) v1; one sync a step
+        grad_tile = _compiled(_grad_tile) if spec.compiled else _grad_tile
+        for group in range(2):
+            use_new, use_old = group == 0, group == 1
+            for start in range(bounds[group], bounds[group + 1], spec.token_chunk):
+                sl = slice(start, min(start + spec.token_chunk, bounds[group + 1]))
+                idx, yc, mc = rows[sl], y[sl], m[sl][:, None]
+                hs = h_s[idx]
+                gk, gc = g_kl[sl][:, None] / temperature, g_ce[sl][:, None]
+                pt = pj = k_idx = None
+                if sparse and use_old:
+                    log_pj, log_pt = sparse_log_probs(top_logp[idx], top_rest[idx], temperature, vocab)
+                    pt = torch.nan_to_num(log_pt.exp())[:, None]
+                    k_idx, pj = top_idx[idx].long(), log_pj.exp()
+                hn = h_new[idx] if use_new else None
+                ho = h_old[idx] if use_old and not sparse else None
+                grad_hc = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device) if need_h else None
+                for v0 in range(0, vocab, spec.vocab_chunk):
+                    v1 = min(v0 + spec.vocab_chunk, vocab)
+                    zs = _tile(hs, w_s, b_s, post_s, v0, v1)
+                    zn = None if hn is None else _tile(hn, w_new, b_new, post_new, v0, v1)
+                    zo = None if ho is None else _tile(ho, w_old, b_old, post_old, v0, v1)
+                    grad_z = grad_tile(zs, zn, zo, lse_b[sl], lse_new[sl], lse_old[sl], lse1_s[sl], mc, gk, gc, yc,
+                                       torch.tensor(v0, device=zs.device), temperature, post_s, pt, pj, k_idx)
+                    grad_z = grad_z.to(w_s.dtype)  # as autograd of the head's matmul would see it
+                    if need_h:
+                        grad_hc += (grad_z @ w_s[v0:v1]).float()
+                    if need_w:
+                        grad_w[v0:v1] += (grad_z.T @ hs).float()
+                    if need_b:
+                        grad_b[v0:v1] += grad_z.float().sum(0)
                 if need_h:
-                    grad_hc += (grad_z @ w_s[v0:v1]).float()
-                if need_w:
-                    grad_w[v0:v1] += (grad_z.T @ hs).float()
-                if need_b:
-                    grad_b[v0:v1] += grad_z.float().sum(0)
-            if need_h:
-                grad_h[idx] = grad_hc
+                    grad_h[idx] = grad_hc
         return (None if grad_h is None else grad_h.to(h_s.dtype), None if grad_w is None else grad_w.to(w_s.dtype),
                 None if grad_b is None else grad_b.to(b_s.dtype), *([None] * 10))
 
