@@ -7,8 +7,10 @@
 #
 # Python packages: the machine's own (torch, transformers, peft, accelerate, ...); what it lacks is installed from
 # wheels in .whl/ beside the repository (`bash benchmarks/gpu_wheels.sh` fetches them on a machine with PyPI),
-# never from the network. adaptguard itself runs from src/. Budget: under 8 minutes on one H100 (the issue's
-# sizes: V 131,072, L 1,024, B 8, hidden 1,024, 8 layers, LoRA r 16; TALR at L 2,048, B 4).
+# never from the network. adaptguard itself runs from src/. Time: on one H200 (2026-11-28, 10 rounds) the CUDA test
+# and MUSCLE fp32 / TALR fp32 / MUSCLE bf16 took about 9 minutes, so with 6 rounds the four tables take about 8;
+# TILES=1 adds two fixed-tile rows (~2 min each). Sizes: the issue's (V 131,072, L 1,024, B 8, hidden 1,024,
+# 8 layers, LoRA r 16; TALR at L 2,048, B 4).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-gpu-bench-out}}"
@@ -27,25 +29,29 @@ if [ "${QUICK:-0}" = 1 ]; then
     muscle=(--vocab 4096 --seq 64 --batch 2 --hidden 64 --layers 2 --steps 2 --memory-repeats 1)
     talr=(--vocab 4096 --seq 64 --batch 2 --hidden 64 --layers 2 --steps 2 --memory-repeats 1)
 else
-    muscle=(--vocab 131072 --seq 1024 --batch 8 --hidden 1024 --layers 8 --steps 10 --memory-repeats 1)
-    talr=(--vocab 131072 --seq 2048 --batch 4 --hidden 1024 --layers 8 --steps 10 --memory-repeats 1)
+    muscle=(--vocab 131072 --seq 1024 --batch 8 --hidden 1024 --layers 8 --steps 6 --memory-repeats 1)
+    talr=(--vocab 131072 --seq 2048 --batch 4 --hidden 1024 --layers 8 --steps 6 --memory-repeats 1)
 fi
 status=0
 # the GPU path (compiled tiles, tile sizes from free memory) against the reference loss on the card (skips on a CPU)
 python3 -m pytest -q -p no:cacheprovider tests/test_muscle_tiled.py -k cuda 2>&1 | tee "$out/tests_cuda.txt" || status=1
+# MUSCLE first (the goal), then TALR: a run cut off at its limit loses the least
 for dtype in fp32 bf16; do
     flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
     python3 benchmarks/bench_muscle.py "${muscle[@]}" --device "$device" $flag --with-logits \
         2>&1 | tee "$out/muscle_$dtype.txt" || status=1
+done
+for dtype in fp32 bf16; do
+    flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
     python3 benchmarks/bench_talr.py "${talr[@]}" --device "$device" $flag \
         2>&1 | tee "$out/talr_$dtype.txt" || status=1
 done
-# the tile rule's check: the same MUSCLE steps at the fixed CPU tile (1,024 x 8,192), beside the auto rows above
-for dtype in fp32 bf16; do
-    flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
-    # 5 rounds (the last --steps wins): the fixed tile is the comparison, not the goal
-    python3 benchmarks/bench_muscle.py "${muscle[@]}" --device "$device" $flag --tiles 1024x8192 \
-        $([ "${QUICK:-0}" = 1 ] || echo --steps 5) \
-        2>&1 | tee "$out/muscle_${dtype}_tiles_1024x8192.txt" || status=1
-done
+# TILES=1: the tile rule's check, the same MUSCLE steps at the fixed CPU tile (1,024 x 8,192) beside the auto rows
+if [ "${TILES:-0}" = 1 ]; then
+    for dtype in fp32 bf16; do
+        flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
+        python3 benchmarks/bench_muscle.py "${muscle[@]}" --device "$device" $flag --tiles 1024x8192 \
+            2>&1 | tee "$out/muscle_${dtype}_tiles_1024x8192.txt" || status=1
+    done
+fi
 exit $status
