@@ -165,6 +165,22 @@ def test_dev_seeds_average_each_setting_over_seeds(tmp_path, embedded_path):
     assert set(rows.rows) == want and all(link.startswith("data:image/png") for link in rows.links)
 
 
+def test_the_sentence_says_when_the_control_was_the_only_candidate():
+    """With the default candidates (the control alone since E5) the sentence must not claim that a recipe lost."""
+    from adaptguard.update.pick import verdict
+
+    control = {"recipe": "control", "label": "control (lr 0.002, 1 epoch)", "acc": 0.8, "nfr": 0.1}
+    focal = {"recipe": "focal", "label": "focal (lr 0.002, 1 epoch)", "acc": 0.7, "nfr": 0.05}
+    test = {"arms": {"control": {"nfr": 0.125, "new_acc": 0.75}}, "pick_vs_control": None, "seeds": [0]}
+    alone = verdict({"chosen_setting": control, "best_control_setting": control, "settings": [control]}, test)
+    assert alone.startswith("ship the control (lr 0.002, 1 epoch): no other recipe was a candidate (name them in "
+                            "`candidates`") and "no recipe beat it" not in alone
+    assert "on test its NFR is 0.125 at accuracy 0.750." in alone
+    both = verdict({"chosen_setting": control, "best_control_setting": control, "settings": [control, focal]}, test)
+    assert "no recipe beat it on dev (lowest dev NFR among the others: focal (lr 0.002, 1 epoch), 0.050 at dev " \
+           "accuracy 0.700)" in both
+
+
 def test_the_rule_compares_at_matched_accuracy():
     """A recipe with fewer flips wins only within max_accuracy_drop of the best control's dev accuracy."""
     from adaptguard.update.candidates import pick_setting

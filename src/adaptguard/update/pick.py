@@ -382,11 +382,15 @@ def verdict(choices: dict, test: dict) -> str:
     ctrl = test["arms"]["control"]
     if test["pick_vs_control"] is None:
         others = [r for r in choices["settings"] if r["recipe"] != "control"]
-        best = min(others, key=lambda r: r["nfr"]) if others else None
-        why = (f" (lowest dev NFR among the others: {best['label']}, {best['nfr']:.3f} at dev accuracy "
-               f"{best['acc']:.3f})" if best else "")
-        return (f"ship the control ({_settings(control)}): no recipe beat it on dev{why}; on test its NFR is "
-                f"{ctrl['nfr']:.3f} at accuracy {ctrl['new_acc']:.3f}." + _noise(test))
+        if others:
+            best = min(others, key=lambda r: r["nfr"])
+            why = (f"no recipe beat it on dev (lowest dev NFR among the others: {best['label']}, {best['nfr']:.3f} "
+                   f"at dev accuracy {best['acc']:.3f})")
+        else:  # the default since E5: say so, not "no recipe beat it"
+            why = ("no other recipe was a candidate (name them in `candidates` to compare them; none is by default, "
+                   "as none helped in E5, docs/results.md §10)")
+        return (f"ship the control ({_settings(control)}): {why}; on test its NFR is {ctrl['nfr']:.3f} at accuracy "
+                f"{ctrl['new_acc']:.3f}." + _noise(test))
     c = test["pick_vs_control"]
     lo, hi = c["delta_nfr_ci"]
     over = "items only (one seed)" if c.get("runs_fixed") else f"over {len(test['seeds'])} seeds and the items"
