@@ -2,6 +2,7 @@ import json
 import logging
 import math
 import statistics
+import warnings
 
 import pytest
 import torch
@@ -554,5 +555,10 @@ def test_readme_quickstart_runs_as_written_on_this_machine(embedded_path, tmp_pa
 
     args = TALRConfig(output_dir=str(tmp_path / "quick"), learning_rate=5e-6, max_steps=1, report_to="none")
     assert args.bf16 == is_torch_bf16_gpu_available()
-    TALRTrainer(model=str(embedded_path), args=args, train_dataset=Dataset.from_list(ROWS)).train()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        TALRTrainer(model=str(embedded_path), args=args, train_dataset=Dataset.from_list(ROWS)).train()
+    # nothing pinned where no accelerator is (torch warned on every run)
+    assert args.dataloader_pin_memory == torch.accelerator.is_available()
+    assert not [w for w in caught if "pin_memory" in str(w.message)]
     assert TALRConfig(output_dir=str(tmp_path / "x"), bf16=False).bf16 is False  # an explicit choice is kept

@@ -93,14 +93,22 @@ def lift_config(args, config_class):
     return config_class(**{k: v for k, v in values.items() if k in names})
 
 
-def default_bf16(config) -> None:
-    """TRL's configs turn `bf16` on unless told otherwise (`bf16=None` becomes `not fp16` in
-    trl/trainer/base_config.py), which transformers refuses on a machine without bf16 support. Leave an explicit
-    choice alone; decide an unset one by the hardware, as TRL would on a bf16 GPU."""
+def hardware_defaults(config) -> None:
+    """Defaults that TRL's configs set for a GPU, decided by the hardware where they would fail or warn on a CPU.
+
+    `bf16`: TRL turns it on unless told otherwise (`bf16=None` becomes `not fp16` in trl/trainer/base_config.py),
+    which transformers refuses on a machine without bf16 support; an explicit choice is left alone, an unset one
+    is decided as TRL would on a bf16 GPU. `dataloader_pin_memory` (True by default): with no accelerator there is
+    no device memory to pin, and torch's DataLoader warns on every run; it is switched off there."""
+    import torch
+
     if config.bf16 is None and not config.fp16:
         from transformers.utils import is_torch_bf16_gpu_available
 
         config.bf16 = bool(is_torch_bf16_gpu_available()) and not config.use_cpu
+    accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    if config.use_cpu or not accelerator:  # (torch.accelerator: torch ≥ 2.6)
+        config.dataloader_pin_memory = False
 
 
 def no_activation_checkpointing() -> dict:

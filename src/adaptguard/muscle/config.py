@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
-from ..trl_adapter import default_bf16
+from ..trl_adapter import hardware_defaults
 from ..utils.checks import check_finite
 
 
@@ -100,7 +100,7 @@ class MUSCLEConfig(SFTConfig):
     )
 
     def __post_init__(self):
-        default_bf16(self)  # on a machine without bf16, TRL's default would refuse to start
+        hardware_defaults(self)  # TRL's GPU defaults: bf16 would refuse to start on a CPU, pin_memory warn
         super().__post_init__()
         self._apply_recipe()
         check_finite(self, ("learning_rate", "temperature", "ce_weight", "distill_weight", "focal_alpha",

@@ -5,7 +5,7 @@ from typing import Any
 
 from trl import SFTConfig
 
-from ..trl_adapter import default_bf16
+from ..trl_adapter import hardware_defaults
 from ..utils.checks import check_finite
 from .losses import check_weight_floor
 
@@ -82,7 +82,7 @@ class TALRConfig(SFTConfig):
     )
 
     def __post_init__(self):
-        default_bf16(self)  # on a machine without bf16, TRL's default would refuse to start
+        hardware_defaults(self)  # TRL's GPU defaults: bf16 would refuse to start on a CPU, pin_memory warn
         super().__post_init__()
         if self.loss_type == "dft":  # SFTConfig's DFT is the `dft` weighting here: the same loss and gradient
             if self.weighting not in ("talr", "dft"):
