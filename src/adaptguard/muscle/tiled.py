@@ -147,9 +147,8 @@ def _grad_tile(zs, zn, zo, lse_b, lse_new, lse_old, lse1_s, mc, gk, gc, yc, v0, 
     Pure, so a compiler can fuse it."""
     width = zs.shape[1]
     q = torch.exp(zs / temperature - lse_b[:, None])
-    p_mix = torch.zeros_like(q)
-    if zn is not None:  # None: every token of the tile reads v1 (m = 1), and v1 none when `zo` and `pt` are None
-        p_mix = (1 - mc) * torch.exp(zn / temperature - lse_new[:, None])
+    # zn None: every token of the tile reads v1 (m = 1); v1 none when `zo` and `pt` are None
+    p_mix = torch.zeros_like(q) if zn is None else (1 - mc) * torch.exp(zn / temperature - lse_new[:, None])
     if zo is not None:
         p_mix = p_mix + mc * torch.exp(zo / temperature - lse_old[:, None])
     elif pt is not None:
