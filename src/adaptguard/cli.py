@@ -60,13 +60,15 @@ def _compare(ns: argparse.Namespace) -> int:
     from .compat.compare import compare_runs
     from .compat.report import to_text, write_outputs
 
+    outputs = _check_outputs(ns)  # before reading the runs
     if ns.plot:
         from .utils.figures import check_figure_path
 
-        check_figure_path(ns.plot, "--plot")  # before reading the runs
+        check_figure_path(ns.plot, "--plot")
     report = compare_runs(_replicates(ns.old), [_replicates(p) for p in ns.new], similarity=ns.similarity,
-                          metric=ns.metric, compatible_path=ns.compatible, n_boot=ns.n_boot, seed=ns.seed,
-                          alpha=ns.significance or DEFAULT_ALPHA, include_churn=ns.include_churn)
+                          metric=_metrics(ns.metric), compatible_path=ns.compatible, n_boot=ns.n_boot, seed=ns.seed,
+                          alpha=ns.significance or DEFAULT_ALPHA, include_churn=ns.include_churn, tasks=ns.tasks,
+                          common_tasks=ns.common_tasks)
     if ns.fail_on:  # before anything is written: a threshold that cannot apply is bad input (exit 2)
         from .compat.gate import check_gate
 
@@ -82,18 +84,53 @@ def _compare(ns: argparse.Namespace) -> int:
         report["negative_flips"] = {task: [f for f in found if f["kind"] == "negative"][: ns.show_flips]
                                     for task, found in flips.items()}
     all_flips = [{"task": task, **flip} for task, found in flips.items() for flip in found] if every else None
-    print(to_text(report))
+    to_stdout = "-" in outputs.values()
+    # the table goes to the terminal unless an output does (then stdout carries that output alone, for a pipe)
+    print(to_text(report), file=sys.stderr if to_stdout else sys.stdout)
     write_outputs(report, ns.json, ns.markdown, ns.plot, flips_path=ns.flips_out, flips=all_flips, html_path=ns.html)
     for label, path in (("json", ns.json), ("markdown", ns.markdown), ("plot", ns.plot), ("flips", ns.flips_out),
                         ("page", ns.html)):
-        if path:
-            print(f"{label}: {path}")
+        if path and path != "-":
+            print(f"{label}: {path}", file=sys.stderr if to_stdout else sys.stdout)
     if ns.fail_on:
         from .compat.gate import describe, exit_status
 
-        print(describe(report["gate"]), file=sys.stdout if report["gate"]["passed"] else sys.stderr)
+        print(describe(report["gate"]), file=sys.stdout if report["gate"]["passed"] and not to_stdout else sys.stderr)
         return exit_status(report["gate"])
     return 0
+
+
+def _check_outputs(ns: argparse.Namespace) -> dict[str, str]:
+    """The output flags given, checked before anything is read or written: two outputs to one path, or two to
+    stdout (`-`), are refused; `--plot` and `--html` are files, never stdout."""
+    given = {flag: str(path) for flag, path in (("--json", ns.json), ("--markdown", ns.markdown), ("--plot", ns.plot),
+                                                ("--flips-out", ns.flips_out), ("--html", ns.html)) if path}
+    for flag in ("--plot",):
+        if given.get(flag) == "-":
+            raise ValueError(f"{flag} -: a PNG is not written to stdout; give a file path")
+    seen: dict[str, str] = {}
+    for flag, path in given.items():
+        key = path if path == "-" else str(Path(path).resolve())
+        if key in seen:
+            raise ValueError(f"{seen[key]} and {flag} both write to {path}; give each output its own path "
+                             "(nothing was written)")
+        seen[key] = flag
+    return given
+
+
+def _metrics(args: list[str] | None) -> str | dict[str, str] | None:
+    """`--metric NAME` (every task) or `--metric TASKGLOB:NAME` (repeatable; the first matching glob wins)."""
+    if not args:
+        return None
+    if len(args) == 1 and ":" not in args[0]:
+        return args[0]
+    out = {}
+    for arg in args:
+        glob, sep, name = arg.rpartition(":")
+        if not sep or not glob or not name:
+            raise ValueError(f"--metric {arg!r}: give NAME alone (one --metric for every task) or TASKGLOB:NAME")
+        out[glob] = name
+    return out
 
 
 DEFAULT_ALPHA = 0.05
@@ -521,9 +558,15 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--compatible", help="a third run (e.g. a compatibility adapter): adds the Δ-metrics")
     cmp.add_argument("--similarity", help="score generations with this similarity plugin (rouge1, rouge2, rougeL, "
                      "bleu, exact_match, or a plugin's) for smooth flips")
-    cmp.add_argument("--metric", help="0/1 per-sample metric for correctness (default: acc, exact_match or em)")
-    cmp.add_argument("--json", help="write the metrics as JSON")
-    cmp.add_argument("--markdown", help="write the table as Markdown")
+    cmp.add_argument("--metric", action="append", metavar="[TASKGLOB:]NAME",
+                     help="0/1 per-sample metric for correctness (default: acc, exact_match or em); repeatable as "
+                          "TASKGLOB:NAME for a metric per task, e.g. --metric 'gsm8k*:exact_match' --metric '*:acc'")
+    cmp.add_argument("--tasks", metavar="GLOB[,GLOB...]", help="compare only the tasks matching these globs, e.g. "
+                     "'mmlu_*,arc_*'")
+    cmp.add_argument("--common-tasks", action="store_true", help="when the runs have different tasks, compare the "
+                     "ones both have (the others are listed) instead of refusing")
+    cmp.add_argument("--json", metavar="FILE", help="write the metrics as JSON ('-': to stdout)")
+    cmp.add_argument("--markdown", metavar="FILE", help="write the table as Markdown ('-': to stdout)")
     cmp.add_argument("--plot", help="draw the flip quadrants as PNG")
     cmp.add_argument("--html", metavar="FILE", help="write one self-contained page (no server, nothing fetched): the "
                      "verdict, the table, the figure and every flipped item, filterable by task and direction, "
@@ -533,12 +576,17 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--show-flips", type=positive_int, metavar="N",
                      help="show up to N negative flips per task: prompt (shortened), gold, old and new answer "
                           "(also in --markdown and --json)")
-    cmp.add_argument("--flips-out", metavar="FILE", help="write every flipped document, both answers, as JSON lines")
+    cmp.add_argument("--flips-out", metavar="FILE", help="write every flipped document, both answers, as JSON lines "
+                     "('-': to stdout); with replicate runs, each item's 'broke in k of R·R′ pairs' and whether it "
+                     "broke beyond rerun noise, those first")
     cmp.add_argument("--fail-on", action="append", type=_threshold, metavar="EXPR",
                      help="regression gate, repeatable: [TASKGLOB:]METRIC>VALUE or <VALUE over nfr, excess_nfr, pfr, "
-                          "inconsistency_flips, btc, old_acc, new_acc, acc_drop, smooth_nfr, ... (rates as 2%% or 0.02; e.g. "
-                          "'nfr>2%%', 'excess_nfr>1%%', 'mmlu_*:btc<0.95'); exit status 1 on a regression the data "
-                          "support, 3 when none but the data could not detect a threshold, 2 for bad input")
+                          "inconsistency_flips, btc, old_acc, new_acc, acc_drop, smooth_nfr, ... (rates as 2%% or "
+                          "0.02; e.g. 'nfr>2%%', 'excess_nfr>1%%', 'mmlu_*:btc<0.95', and 'overall:acc_drop>0.5%%' "
+                          "for every task together). Each (task, threshold) is decided: breach (its one-sided test "
+                          "supports it), clear (the data show the metric within it) or undecided. Exit status 1 on a "
+                          "breach, else 3 on an undecided threshold (or nothing left to decide), 0 when every one is "
+                          "clear, 2 for bad input")
     cmp.add_argument("--significance", type=significance, default=DEFAULT_ALPHA, metavar="ALPHA",
                      help="a --fail-on breach counts only when a test supports it at level ALPHA (default 0.05): "
                           "exact one-sided binomial on the item counts for rates and btc, McNemar for acc_drop, a "

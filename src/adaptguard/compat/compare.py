@@ -9,12 +9,14 @@ Works for any lm-eval task logged with `--log_samples`:
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from pathlib import Path
 
 from ..plugins import get_similarity
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
-from .replicates import above_chance_p, benjamini_hochberg, chance_rate, replicate_flips
+from .decide import across_tasks, pooled_entry
+from .replicates import above_chance_p, benjamini_hochberg, chance_rate, items_beyond_noise, replicate_flips
 from .runs import RunError, Sample, TaskRun, read_run
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
@@ -79,17 +81,19 @@ def _references(sample: Sample) -> list[str]:
 
 
 def _flips(old: list[Sample], new: list[Sample], metric: str, n_boot: int, seed: int,
-           output_type: str | None = None) -> dict:
+           output_type: str | None = None, level: float = 0.95) -> dict:
     preds = [s.answer for s in old], [s.answer for s in new]
     # a loglikelihood task scores one continuation: there is no answer to disagree on, so no inconsistency_flips
     have = output_type != "loglikelihood" and all(p is not None for p in preds[0] + preds[1])
     return flip_metrics([s.metrics[metric] for s in old], [s.metrics[metric] for s in new],
-                        *(preds if have else (None, None)), n_boot=n_boot, seed=seed)
+                        *(preds if have else (None, None)), n_boot=n_boot, seed=seed, level=level, interval="exact")
 
 
 def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, metric: str | None = None,
-                 compatible: TaskRun | None = None, n_boot: int = 2000, seed: int = 0) -> dict[str, dict]:
-    """Metrics for every filter of a task: {filter: {...}}."""
+                 compatible: TaskRun | None = None, n_boot: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> dict[str, dict]:
+    """Metrics for every filter of a task: {filter: {...}}; rates with exact (Clopper–Pearson) intervals at
+    `level`."""
     check_same_setup(old, new)
     if compatible is not None:
         check_same_setup(old, compatible, labels=("old", "compatible"))
@@ -105,17 +109,17 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
             choose_metric(new, filt, name)
             entry["metric"] = name
 
-            entry.update(_flips(o, n, name, n_boot, seed, entry["output_type"]))
+            entry.update(_flips(o, n, name, n_boot, seed, entry["output_type"], level))
             if c is not None:
                 choose_metric(compatible, filt, name)
-                compat = _flips(o, c, name, n_boot, seed, entry["output_type"])
+                compat = _flips(o, c, name, n_boot, seed, entry["output_type"], level)
                 entry["compatible"] = compat
                 entry.update(delta_metrics(entry, compat))
         if similarity is not None and isinstance(o[0].answer, str):
             refs = [_references(s) for s in o]
             old_text = [_text(s) for s in o]
             delta = similarity_deltas(old_text, [_text(s) for s in n], refs, get_similarity(similarity))
-            smooth = smooth_flip_metrics(delta, n_boot=n_boot, seed=seed)
+            smooth = smooth_flip_metrics(delta, n_boot=n_boot, seed=seed, level=level, interval="exact")
             entry["similarity"] = similarity
             entry.update({k: v for k, v in smooth.items() if k != "n"})
             entry["n"] = smooth["n"]
@@ -123,7 +127,7 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
             if c is not None:
                 compat_smooth = smooth_flip_metrics(similarity_deltas(old_text, [_text(s) for s in c], refs,
                                                                       get_similarity(similarity)),
-                                                    n_boot=n_boot, seed=seed)
+                                                    n_boot=n_boot, seed=seed, level=level, interval="exact")
                 entry.setdefault("compatible", {}).update(compat_smooth)
                 entry.update(delta_metrics(smooth, compat_smooth))
         if "metric" not in entry and "similarity" not in entry:
@@ -157,10 +161,11 @@ def _check_runs_distinct(old: list[Path], candidates: list[list[Path]]) -> None:
                 raise RunError(f"{p} is given as both an old and a new run; an update compares two different runs")
 
 
-def _replicate_vectors(runs: list[dict], first: dict, task: str, filt: str, metric: str) -> list[list[float]]:
-    """Per replicate run (after the first), the task's correctness on `filt` in the first run's document order;
-    a replicate that scored other documents, or another way, is refused naming both files."""
-    out = []
+def _replicate_vectors(runs: list[dict], first: dict, task: str, filt: str, metric: str
+                       ) -> tuple[list[list[float]], list[list[Sample]]]:
+    """Per replicate run (after the first), the task's correctness on `filt` and its samples, in the first run's
+    document order; a replicate that scored other documents, or another way, is refused naming both files."""
+    out, samples = [], []
     for run in runs:
         if task not in run:
             raise RunError(f"{first[task].path} has task {task!r} but its replicate run does not "
@@ -168,8 +173,9 @@ def _replicate_vectors(runs: list[dict], first: dict, task: str, filt: str, metr
         check_same_setup(first[task], run[task], labels=(str(first[task].path), str(run[task].path)))
         choose_metric(run[task], filt, metric)
         keys = sorted(k for k in first[task].samples if k[0] == filt)
-        out.append([run[task].samples[k].metrics[metric] for k in keys])
-    return out
+        samples.append([run[task].samples[k] for k in keys])
+        out.append([s.metrics[metric] for s in samples[-1]])
+    return out, samples
 
 
 def _pair_means(entry: dict, olds: list[list[float]], news: list[list[float]]) -> None:
@@ -179,7 +185,8 @@ def _pair_means(entry: dict, olds: list[list[float]], news: list[list[float]]) -
     for key in ("old_acc", "new_acc", "nfr", "pfr", "btc", "n_negative_flips", "n_positive_flips"):
         values = [p[key] for p in pairs if p[key] is not None]
         entry[key] = sum(values) / len(values) if values else None
-    entry.update(inconsistency_flips=None, mcnemar_p=None, pfr_ci=None, nfr_ci=tuple(entry["replicates"]["nfr_ci"]))
+    # one interval per quantity: the run-level one lives in `replicates` (nfr_ci); none at item level here
+    entry.update(inconsistency_flips=None, mcnemar_p=None, pfr_ci=None, nfr_ci=None, counts_are_means=True)
 
 
 def _same_choices(samples: list, look: int = 50) -> bool:
@@ -222,9 +229,57 @@ def _flag_tasks(tasks: dict[str, dict], alpha: float, include_churn: bool) -> No
                                      "flagged": bool(f and r["estimate"] > 0)}
 
 
-def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: str | None = None,
+def _metric_for(metric: str | dict[str, str] | None, task: str) -> str | None:
+    """The 0/1 metric asked for `task`: one name for every task, or the first of {TASKGLOB: name} that matches."""
+    if metric is None or isinstance(metric, str):
+        return metric
+    return next((name for glob, name in metric.items() if fnmatch.fnmatchcase(task, glob)), None)
+
+
+def _select_tasks(old: dict, new: dict, old_path, new_path, tasks: str | None, common: bool,
+                  notes: list[str]) -> list[str]:
+    """The tasks compared: those matching the `tasks` globs (comma-separated) on both sides; with `common`, the
+    tasks the sides share (the others listed in `notes`), else the sides must have the same tasks."""
+    def chosen(names):
+        if tasks is None:
+            return set(names)
+        return {t for t in names if any(fnmatch.fnmatchcase(t, g.strip()) for g in tasks.split(","))}
+
+    a, b = chosen(old), chosen(new)
+    if tasks is not None and not (a | b):
+        raise RunError(f"--tasks {tasks!r}: matches none of the tasks ({', '.join(sorted(set(old) | set(new)))})")
+    if a != b:
+        if not common:
+            raise RunError(f"the runs have different tasks: only in {old_path}: {sorted(a - b)}, only in {new_path}: "
+                           f"{sorted(b - a)}; compare the ones they share with --common-tasks, or name them with "
+                           "--tasks")
+        if not a & b:
+            raise RunError(f"{old_path} and {new_path} share no task ({sorted(a)} vs {sorted(b)})")
+        notes.append(f"compared the {len(a & b)} tasks both sides have; left out, only in {old_path}: "
+                     f"{', '.join(sorted(a - b)) or 'none'}; only in {new_path}: {', '.join(sorted(b - a)) or 'none'}")
+    return sorted(a & b)
+
+
+def _across_tasks(mine: dict[str, dict], alpha: float) -> dict | None:
+    """Kübler et al.'s verdict across a candidate's tasks (every task with a 0/1 metric, churn included: an
+    accuracy test is valid at chance): the pooled, max-drop and Fisher p-values of "the new model is worse", each
+    at α/3."""
+    names = [k for k, e in mine.items() if "_runs" in e]
+    if not names:
+        return None
+    pooled = pooled_entry([mine[k]["_runs"][0] for k in names], [mine[k]["_runs"][1] for k in names])
+    p = across_tasks([mine[k] for k in names], pooled)
+    return {"tasks": names, "n": pooled["n"], "old_acc": pooled["old_acc"], "new_acc": pooled["new_acc"],
+            "pooled": {k: v for k, v in pooled.items() if k != "replicates"} | (
+                {"replicates": {k: pooled["replicates"][k] for k in ("acc_diff", "acc_diff_se", "acc_diff_df",
+                                                                      "runs_fixed")}}
+                if "replicates" in pooled else {}),
+            "p": p, "alpha_each": alpha / len(p), "regression": bool(min(p.values()) < alpha / len(p))}
+
+
+def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: str | dict[str, str] | None = None,
                  compatible_path=None, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
-                 include_churn: bool = False) -> dict:
+                 include_churn: bool = False, tasks: str | None = None, common_tasks: bool = False) -> dict:
     """Compare two lm-eval runs; returns `{"tasks": {name: metrics}}` (name = task, or `task,filter` for
     tasks logged with several filters).
 
@@ -232,43 +287,52 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
     `new_path` may be a list of runs, each a candidate compared with the old side (then the names are
     `task [run]`); a candidate that is itself a list is replicates of one new model. With replicates on any side a
     task's entry has `replicates` (`replicates.replicate_flips`: noise floor, excess NFR, run-level interval,
-    minimum detectable effect) and its flip metrics are means over every (old, new) pair. Every entry with a 0/1
-    metric gets `churn` (multiple choice: is the old model above chance?) and `regression` (Benjamini–Hochberg
-    across the candidate's tasks at `alpha`, churn tasks left out unless `include_churn`); `overall[label]` pools
-    the tasks that are not churn. Raises `RunError` for anything that does not match."""
+    minimum detectable effect) and `items` (`replicates.items_beyond_noise`: the items broken beyond rerun noise),
+    and its flip metrics are means over every (old, new) pair. Every entry with a 0/1 metric gets `churn` (multiple
+    choice: is the old model above chance?) and `regression` (Benjamini–Hochberg across the candidate's tasks at
+    `alpha`, churn tasks left out unless `include_churn`); `overall[label]` pools the tasks that are not churn;
+    `across_tasks[label]` is Kübler et al.'s accuracy verdict over every task. `metric`: one 0/1 metric name, or
+    {TASKGLOB: name}; `tasks`: comma-separated globs of the tasks to compare; `common_tasks`: compare the tasks both
+    sides have (else different task sets are refused). `notes` lists what was chosen for the user (the latest of
+    several runs in a folder, tasks left out). Raises `RunError` for anything that does not match."""
     if similarity is not None:
         get_similarity(similarity)  # unknown name: fail before reading anything
+    notes: list[str] = []
     olds = _side(old_path)
     raw = list(new_path) if isinstance(new_path, (list, tuple)) else [new_path]
     candidates = [_side(p) for p in raw]
     _check_runs_distinct(olds, candidates)
-    old = read_run(olds[0])
-    old_replicates = [read_run(p) for p in olds[1:]]
-    compat = read_run(compatible_path) if compatible_path is not None else None
-    if compat is not None and set(compat) != set(old):
-        raise RunError(f"the compatible run {compatible_path} has tasks {sorted(compat)}, expected {sorted(old)}")
-    labels = [c[0].name for c in candidates]
+    old = read_run(olds[0], notes)
+    old_replicates = [read_run(p, notes) for p in olds[1:]]
+    compat = read_run(compatible_path, notes) if compatible_path is not None else None
+    labels = [c[0].name.partition("@")[0] for c in candidates]
     if len(set(labels)) < len(labels):  # runs in folders of the same name: number them instead
         labels = [f"new{i + 1}" for i in range(len(candidates))]
-    tasks, overall = {}, {}
+    level = 1 - alpha
+    report_tasks, overall, across = {}, {}, {}
     for paths, label in zip(candidates, labels):
-        new = read_run(paths[0])
-        if set(old) != set(new):
-            raise RunError(f"the runs have different tasks: only in {olds[0]}: {sorted(set(old) - set(new))}, "
-                           f"only in {paths[0]}: {sorted(set(new) - set(old))}")
-        new_replicates = [read_run(p) for p in paths[1:]]
+        new = read_run(paths[0], notes)
+        names = _select_tasks(old, new, olds[0], paths[0], tasks, common_tasks, notes)
+        if compat is not None and not set(names) <= set(compat):
+            raise RunError(f"the compatible run {compatible_path} lacks tasks {sorted(set(names) - set(compat))}")
+        new_replicates = [read_run(p, notes) for p in paths[1:]]
         mine = {}
-        for task in sorted(old):
-            per_filter = compare_task(old[task], new[task], similarity=similarity, metric=metric,
-                                      compatible=None if compat is None else compat[task], n_boot=n_boot, seed=seed)
+        for task in names:
+            asked = _metric_for(metric, task)
+            per_filter = compare_task(old[task], new[task], similarity=similarity, metric=asked,
+                                      compatible=None if compat is None else compat[task], n_boot=n_boot, seed=seed,
+                                      level=level)
             for filt, entry in per_filter.items():
                 if "metric" in entry:
-                    o = [entry["_correct"][0], *_replicate_vectors(old_replicates, old, task, filt, entry["metric"])]
-                    n = [entry["_correct"][1], *_replicate_vectors(new_replicates, new, task, filt, entry["metric"])]
-                    entry["replicates"] = replicate_flips(o, n, level=1 - alpha)
+                    more_o, samples_o = _replicate_vectors(old_replicates, old, task, filt, entry["metric"])
+                    more_n, samples_n = _replicate_vectors(new_replicates, new, task, filt, entry["metric"])
+                    o, n = [entry["_correct"][0], *more_o], [entry["_correct"][1], *more_n]
+                    entry["replicates"] = replicate_flips(o, n, level=level)
                     entry["_runs"] = (o, n)
                     if len(o) > 1 or len(n) > 1:
                         _pair_means(entry, o, n)
+                        entry["items"] = items_beyond_noise(o, n, q=alpha)
+                        entry["_run_samples"] = ([entry["_samples"][0], *samples_o], [entry["_samples"][1], *samples_n])
                     entry["churn"] = _is_churn(entry, entry["_samples"][0], alpha)
                 name = task if len(per_filter) == 1 else f"{task},{filt}"
                 mine[name if len(candidates) == 1 else f"{name} [{label}]"] = entry
@@ -280,12 +344,16 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
 
             overall[label] = {"tasks": len(pooled), **replicate_flips(np.concatenate([p[0] for p in pooled], 1),
                                                                       np.concatenate([p[1] for p in pooled], 1),
-                                                                      level=1 - alpha)}
-        tasks.update(mine)
+                                                                      level=level)}
+        verdict = _across_tasks(mine, alpha)
+        if verdict is not None:
+            across[label] = verdict
+        report_tasks.update(mine)
         del new, new_replicates  # one candidate in memory at a time
     return {"old": str(olds[0]) if len(olds) == 1 else [str(p) for p in olds],
             "new": str(candidates[0][0]) if len(candidates) == 1 and len(candidates[0]) == 1
             else [str(c[0]) if len(c) == 1 else [str(p) for p in c] for c in candidates],
             "runs": {"old": len(olds), "new": [len(c) for c in candidates]},
-            "compatible": None if compatible_path is None else str(compatible_path), "alpha": alpha,
-            "include_churn": include_churn, "tasks": tasks, "overall": overall}
+            "compatible": None if compatible_path is None else str(compatible_path), "alpha": alpha, "level": level,
+            "include_churn": include_churn, "tasks": report_tasks, "overall": overall, "across_tasks": across,
+            "notes": list(dict.fromkeys(notes))}

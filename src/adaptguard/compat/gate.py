@@ -1,23 +1,21 @@
-"""The regression gate of `adaptguard compare --fail-on`: thresholds over a compatibility report's metrics, a
-significance test per breach, and a verdict a CI pipeline can act on.
+"""The regression gate of `adaptguard compare --fail-on`: thresholds over a compatibility report's metrics, and for
+every (task, threshold) a decision a CI pipeline can act on.
 
 An expression is `[TASKGLOB:]METRIC>VALUE` or `[TASKGLOB:]METRIC<VALUE`, e.g. `nfr>2%`, `excess_nfr>0.02`,
-`btc<0.95`, `mmlu_*:acc_drop>1%`. Rates are fractions (0.02) or percentages (2%, the unit the table prints); a rate
-threshold outside [0, 1] without `%` is refused, as `nfr>2` most likely meant 2 %. With a significance level α a
-breach counts only when the data support it:
+`btc<0.95`, `mmlu_*:acc_drop>1%`, `overall:acc_drop>0.5%`. Rates are fractions (0.02) or percentages (2%, the unit
+the table prints); a rate threshold outside [0, 1] without `%` is refused, as `nfr>2` most likely meant 2 %.
 
-- one run per side: rates of items (`nfr`, `pfr`, `inconsistency_flips`, `old_acc`, `new_acc`, `smooth_nfr`, `smooth_pfr`) and
-  `btc` (a rate over the items the old model got right): an exact one-sided binomial test of H0 "rate ≤ VALUE"
-  (for `>`) or "rate ≥ VALUE" (for `<`) on the item counts, rejected at p < α; `acc_drop` (= old_acc − new_acc):
-  the exact McNemar test;
-- replicate runs on a side (`replicates.replicate_flips`): `nfr`, `excess_nfr` (NFR beyond the noise floor of
-  reruns) and `acc_drop` by a one-sided t-test on the run-level standard error (runs and items); other rates have
-  no run-level test and are refused with α.
-Metrics without a test (`m_g`, `m_r`, `mean_delta`, the Δ-metrics of `--compatible`) cannot be gated with α.
-
-Tasks where the old model is not above chance (`churn`) are left out unless the report includes churn. A threshold
-that no task breaches, on a task whose minimum detectable effect exceeds it (`excess_nfr`, `acc_drop`), is listed as
-`undetectable`: the gate passed, but the data could not have seen a regression of that size (exit status 3).
+With a significance level α, each (task, threshold) is decided by the metric's one-sided test (`decide`):
+- **breach**: the test of "metric ≤ VALUE" (for `>`) rejects at α — the data support the regression;
+- **clear**: the opposite test ("metric ≥ VALUE") rejects at α — the data show the metric within the threshold;
+- **undecided**: neither: the observed value is beyond the threshold without support, or within it without the
+  items (and runs) to show it.
+Exit status 1 on any breach, else 3 on any undecided, else 0; a gate left with nothing to decide (every matched
+task churn, or the metric undefined on each) exits 3 and says why. Tasks where the old model is not above chance
+(`churn`) leave the flip metrics (`decide.FLIP_METRICS`), never the accuracy tests (`acc_drop`, `old_acc`,
+`new_acc`). `overall:acc_drop>VALUE` decides the tasks together, as Kübler et al. (2026) do: a breach when any of
+the pooled, max-drop and Fisher tests rejects at α/3; clear when the pooled test shows the drop below VALUE.
+`--significance off` compares raw values: breach when beyond the threshold, clear otherwise (no test).
 """
 
 from __future__ import annotations
@@ -27,14 +25,15 @@ import math
 import re
 from dataclasses import dataclass
 
+from .decide import (ACROSS_METHODS, FLIP_METRICS, RATE_METRICS, RUN_LEVEL_METRICS, across_tasks, mde, p_beyond,
+                     replicated, test_name, value)
 from .metrics import DELTA_KEYS
 
-RATE_METRICS = ("nfr", "pfr", "inconsistency_flips", "old_acc", "new_acc", "btc", "smooth_nfr", "smooth_pfr")
-RUN_LEVEL_METRICS = ("nfr", "excess_nfr", "acc_drop")  # with a run-level test when a side has replicates
 GATE_METRICS = (*RATE_METRICS, "acc_drop", "excess_nfr", "m_g", "m_r", "mean_delta",
                 *(f"delta_{k}{pct}" for k in DELTA_KEYS for pct in ("", "_pct")))
 # metrics in rate units (a fraction, or a difference of fractions): a threshold beyond ±1 is a unit slip
 IN_RATE_UNITS = (*RATE_METRICS, "acc_drop", "excess_nfr", *(f"delta_{k}" for k in DELTA_KEYS))
+ACROSS = "overall"  # the task glob of a threshold on every task together
 _EXPR = re.compile(r"^(?:(?P<tasks>[^:<>]+):)?(?P<metric>[A-Za-z_]+)\s*(?P<op>[<>])\s*(?P<value>\S+)$")
 
 
@@ -82,151 +81,175 @@ class Threshold:
         return cls(expr=expr, metric=metric, op=m["op"], value=value, tasks=(m["tasks"] or "*").strip())
 
 
-def _replicated(entry: dict) -> bool:
-    return not (entry.get("replicates") or {"runs_fixed": True})["runs_fixed"]
+def _decision(name: str, t: Threshold, v: float, p: float | None, p_within: float | None, alpha: float | None,
+              test: str | None, mde_value: float | None = None) -> dict:
+    if alpha is None:
+        beyond = v > t.value if t.op == ">" else v < t.value
+        decision, why = ("breach", "beyond the threshold") if beyond else ("clear", "within the threshold")
+    elif p < alpha:
+        decision, why = "breach", "the data support it"
+    elif p_within < alpha:
+        decision, why = "clear", "the data show it within the threshold"
+    elif (v > t.value if t.op == ">" else v < t.value):
+        decision, why = "undecided", "beyond the threshold, but not significantly"
+    else:
+        decision, why = "undecided", "within the threshold, but the data cannot show it"
+    return {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": v,
+            "decision": decision, "why": why, "p_value": p, "p_within": p_within, "test": test, "mde": mde_value}
 
 
-def _value(entry: dict, metric: str) -> float | None:
-    if metric == "excess_nfr":
-        return (entry.get("replicates") or {}).get("excess_nfr")
-    if metric == "acc_drop":
-        old, new = entry.get("old_acc"), entry.get("new_acc")
-        return None if old is None or new is None else old - new
-    value = entry.get(metric)
-    return None if value is None or not math.isfinite(value) else float(value)
+def _check(t: Threshold, entries: list[dict], significance: float | None) -> None:
+    """Refuse a threshold that cannot be applied to the matched entries (GateError, exit status 2)."""
+    if t.metric == "excess_nfr" and not any(replicated(e) for e in entries):
+        raise GateError(f"--fail-on {t.expr!r}: excess_nfr needs replicate runs on a side (OLD or NEW as "
+                        f"RUN1,RUN2,...): with one run each, nothing measures the noise floor of reruns")
+    if significance is not None:
+        is_replicated = any(replicated(e) for e in entries)
+        testable = RUN_LEVEL_METRICS if is_replicated else (*RATE_METRICS, "acc_drop")
+        if t.metric not in testable:
+            raise GateError(f"--fail-on {t.expr!r}: {t.metric} has no significance test"
+                            + (" over replicate runs" if is_replicated else "")
+                            + f"; use one of {', '.join(testable)}, or gate it with --significance off")
+    if not any(value(e, t.metric) is not None or t.metric in e or (t.metric == "acc_drop" and "old_acc" in e)
+               for e in entries):
+        raise GateError(f"--fail-on {t.expr!r}: no matched task reports {t.metric} (excess_nfr needs replicate "
+                        f"runs: OLD or NEW as run1,run2; a generation task needs --similarity for smooth_*; "
+                        f"inconsistency_flips needs predictions; delta_* needs --compatible)")
 
 
-def _counts(entry: dict, metric: str) -> tuple[int, int]:
-    """(successes, trials) behind a rate metric of a report entry."""
-    n = entry["n"]
-    if metric == "btc":  # over the items the old model got right; both right = old right − negative flips
-        old_right = round(entry["old_acc"] * n)
-        return old_right - entry["n_negative_flips"], old_right
-    if metric in ("nfr", "pfr"):
-        return entry[f"n_{'negative' if metric == 'nfr' else 'positive'}_flips"], n
-    return round(entry[metric] * n), n
-
-
-def breach_p_value(entry: dict, threshold: Threshold) -> float:
-    """p-value of the breach `threshold` on a report entry (see the module docstring for the tests)."""
-    from scipy.stats import binomtest
-
-    from .replicates import t_sf
-
-    if _replicated(entry):
-        r = entry["replicates"]
-        value, se, df = {"nfr": (r["nfr"], r["nfr_se"], r["nfr_df"]),
-                         "excess_nfr": (r["excess_nfr"], r["se"], r["df"]),
-                         "acc_drop": (-r["acc_diff"], r["acc_diff_se"], r["acc_diff_df"])}[threshold.metric]
-        z = (value - threshold.value) if threshold.op == ">" else (threshold.value - value)
-        return t_sf(z / se, df) if se > 0 else float(z <= 0)
-    if threshold.metric == "acc_drop":
-        return float(entry["mcnemar_p"])
-    k, n = _counts(entry, threshold.metric)
-    if n == 0:
-        return 1.0
-    p0 = min(max(threshold.value, 0.0), 1.0)
-    return float(binomtest(k, n, p0, alternative="greater" if threshold.op == ">" else "less").pvalue)
-
-
-def _mde(entry: dict, metric: str) -> float | None:
-    """The smallest true `metric` the task's data detect at 80 % power (None where not defined)."""
-    r = entry.get("replicates")
-    if r is None:
-        return None
-    if metric == "excess_nfr":
-        return None if r["runs_fixed"] else r["mde"]
-    return r["acc_diff_mde"] if metric == "acc_drop" else None
-
-
-def _test_name(entry: dict, metric: str) -> str:
-    if _replicated(entry):
-        return "one-sided t-test over runs and items"
-    return "exact McNemar" if metric == "acc_drop" else "exact one-sided binomial on the item counts"
+def _across(report: dict, t: Threshold, significance: float | None) -> list[dict]:
+    """`overall:acc_drop>VALUE`: one decision per candidate, the tasks' accuracy tests combined."""
+    if t.metric != "acc_drop":
+        raise GateError(f"--fail-on {t.expr!r}: across tasks only acc_drop is combined (Kübler et al.'s pooled, "
+                        f"max-drop and Fisher tests); gate {t.metric} per task, e.g. '{t.metric}{t.op}...'")
+    across = report.get("across_tasks") or {}
+    if not across:
+        raise GateError(f"--fail-on {t.expr!r}: no task with a 0/1 metric to combine")
+    out = []
+    for label, a in across.items():
+        name = ACROSS if len(across) == 1 else f"{ACROSS} [{label}]"
+        entries = [report["tasks"][k] for k in a["tasks"]]
+        drop = a["pooled"]["old_acc"] - a["pooled"]["new_acc"]
+        if significance is None:
+            out.append(_decision(name, t, drop, None, None, None, None))
+            continue
+        towards = across_tasks(entries, a["pooled"], t.value, t.op)
+        within = across_tasks(entries, a["pooled"], t.value, "<" if t.op == ">" else ">")["pooled"]
+        split = significance / len(ACROSS_METHODS)
+        # a breach when any of the three tests rejects at α/3 (Bonferroni): report the smallest p scaled back to α
+        p = min(1.0, len(ACROSS_METHODS) * min(towards.values()))
+        d = _decision(name, t, drop, p, within, significance,
+                      f"pooled, max-drop and Fisher tests, each at α/3 = {split:.3g}")
+        d["p_methods"] = towards
+        out.append(d)
+    return out
 
 
 def check_gate(report: dict, thresholds: list[Threshold], significance: float | None = None) -> dict:
-    """Apply the thresholds to every matching task of a `compare_runs` report.
+    """Decide every (task, threshold) of a `compare_runs` report (module docstring).
 
-    Returns `{"passed", "significance", "thresholds", "breaches": [{task, metric, value, op, threshold, expr,
-    p_value, test}], "not_applicable": [...], "undetectable": [{task, expr, mde}], "churn_skipped": [...]}`; a task
-    whose metric is undefined (e.g. `btc` when the old model was never right) is listed under `not_applicable`, not
-    breached. Raises `GateError` when an expression matches no task, names a metric that no matched task reports,
-    or has no test although `significance` is given.
+    Returns `{"status": "breach" | "undecided" | "clear", "passed", "significance", "thresholds", "decisions":
+    [{task, expr, metric, op, threshold, value, decision, why, p_value, p_within, test, mde}], "breaches",
+    "undecided" (the decisions of each kind), "left_out": [{task, expr, why}], "nothing_decided": a sentence or
+    None}`. Raises `GateError` when an expression matches no task, names a metric that no matched task reports, or
+    has no test although `significance` is given.
     """
     if significance is not None and not 0 < significance < 1:
         raise GateError(f"--significance {significance}: must be in (0, 1), e.g. 0.05")
-    breaches, not_applicable, undetectable = [], [], []
+    decisions, left_out = [], []
     churn = {name for name, e in report["tasks"].items()
              if (e.get("churn") or {}).get("churn") and not report.get("include_churn")}
     for t in thresholds:
+        if t.tasks == ACROSS:
+            decisions += _across(report, t, significance)
+            continue
         tasks = [name for name in report["tasks"] if fnmatch.fnmatchcase(name, t.tasks)]
         if not tasks:
             raise GateError(f"--fail-on {t.expr!r}: no task matches {t.tasks!r}; tasks: {', '.join(report['tasks'])}")
         entries = [report["tasks"][name] for name in tasks]
-        if t.metric == "excess_nfr" and not any(_replicated(e) for e in entries):
-            raise GateError(f"--fail-on {t.expr!r}: excess_nfr needs replicate runs on a side (OLD or NEW as "
-                            f"RUN1,RUN2,...): with one run each, nothing measures the noise floor of reruns")
-        if significance is not None:
-            replicated = any(_replicated(e) for e in entries)
-            testable = RUN_LEVEL_METRICS if replicated else (*RATE_METRICS, "acc_drop")
-            if t.metric not in testable:
-                raise GateError(f"--fail-on {t.expr!r}: {t.metric} has no significance test"
-                                + (" over replicate runs" if replicated else "")
-                                + f"; use one of {', '.join(testable)}, or gate it with --significance off")
-        if not any(_value(e, t.metric) is not None or t.metric in e or (t.metric == "acc_drop" and "old_acc" in e)
-                   for e in entries):
-            raise GateError(f"--fail-on {t.expr!r}: no matched task reports {t.metric} (excess_nfr needs replicate "
-                            f"runs: OLD or NEW as run1,run2; a generation task needs --similarity for smooth_*; "
-                            f"inconsistency_flips needs predictions; delta_* needs --compatible)")
+        _check(t, entries, significance)
         for name, entry in zip(tasks, entries):
-            if name in churn:
+            if name in churn and t.metric in FLIP_METRICS:
+                left_out.append({"task": name, "expr": t.expr, "why": "churn: the old model is not above chance, so "
+                                 "its flips are noise (--include-churn counts them)"})
                 continue
-            value = _value(entry, t.metric)
-            if value is None:
-                not_applicable.append({"task": name, "expr": t.expr})
+            v = value(entry, t.metric)
+            if v is None:
+                left_out.append({"task": name, "expr": t.expr, "why": f"{t.metric} is not defined on this task"})
                 continue
-            breached = value > t.value if t.op == ">" else value < t.value
-            p = breach_p_value(entry, t) if significance is not None and breached else None
-            if breached and (p is None or p < significance):
-                breaches.append({"task": name, "metric": t.metric, "value": value, "op": t.op, "threshold": t.value,
-                                 "expr": t.expr, "p_value": p,
-                                 "test": None if p is None else _test_name(entry, t.metric)})
-            elif t.op == ">" and (mde := _mde(entry, t.metric)) is not None and mde > t.value:
-                undetectable.append({"task": name, "expr": t.expr, "mde": mde})
-    return {"passed": not breaches, "significance": significance, "thresholds": [t.expr for t in thresholds],
-            "breaches": breaches, "not_applicable": not_applicable, "undetectable": undetectable,
-            "churn_skipped": sorted(churn)}
+            if significance is None:
+                decisions.append(_decision(name, t, v, None, None, None, None))
+                continue
+            flip = "<" if t.op == ">" else ">"
+            decisions.append(_decision(name, t, v, p_beyond(entry, t.metric, t.value, t.op),
+                                       p_beyond(entry, t.metric, t.value, flip), significance,
+                                       test_name(entry, t.metric, t.value), mde(entry, t.metric, significance)))
+    kinds = {k: [d for d in decisions if d["decision"] == k] for k in ("breach", "undecided", "clear")}
+    status = "breach" if kinds["breach"] else "undecided" if kinds["undecided"] or not decisions else "clear"
+    nothing = None
+    if not decisions:
+        nothing = ("no (task, threshold) was left to decide: " + "; ".join(sorted({f"{x['task']}: {x['why']}"
+                                                                                   for x in left_out})))
+    return {"status": status, "passed": status == "clear", "significance": significance,
+            "thresholds": [t.expr for t in thresholds], "decisions": decisions, "breaches": kinds["breach"],
+            "undecided": kinds["undecided"], "left_out": left_out, "nothing_decided": nothing,
+            "churn_left_out": sorted(churn)}
 
 
-EXIT_PASSED, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_UNDETECTABLE = 0, 1, 2, 3
+EXIT_PASSED, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_UNDECIDED = 0, 1, 2, 3
 
 
 def exit_status(gate: dict) -> int:
-    """1: a regression the data support; 3: none, but a threshold below what the data could detect; 0: passed."""
-    if gate["breaches"]:
-        return EXIT_REGRESSION
-    return EXIT_UNDETECTABLE if gate.get("undetectable") else EXIT_PASSED
+    """1: a breach the data support; 3: none, but a threshold left undecided (or nothing to decide); 0: all clear."""
+    return {"breach": EXIT_REGRESSION, "undecided": EXIT_UNDECIDED, "clear": EXIT_PASSED}[gate["status"]]
 
 
 def _rate(metric: str, value: float) -> str:
     return f"{100 * value:.2f}%" if metric in IN_RATE_UNITS else f"{value:.4g}"
 
 
+def decision_line(d: dict) -> str:
+    """One decision in words: the value, the threshold, the decision and the test's p."""
+    metric = d["metric"]
+    where = "≤" if d["op"] == ">" else "≥"
+    head = f"{d['task']}: {metric} = {_rate(metric, d['value'])}"
+    if d["p_value"] is None:
+        return f"{head} {d['op'] if d['decision'] == 'breach' else where} {_rate(metric, d['threshold'])}  [{d['expr']}]"
+    if d["decision"] == "breach":
+        body = f"{d['op']} {_rate(metric, d['threshold'])} (p = {d['p_value']:.3g}, {d['test']})"
+    elif d["decision"] == "clear":
+        body = (f"{where.replace('≤', '<').replace('≥', '>')} {_rate(metric, d['threshold'])} shown "
+                f"(p = {d['p_within']:.3g}, {d['test']})")
+    elif d["why"].startswith("beyond"):
+        body = (f"{d['op']} {_rate(metric, d['threshold'])} but not significantly (p = {d['p_value']:.3g} ≥ "
+                f"α, {d['test']})")
+    else:
+        body = (f"{where} {_rate(metric, d['threshold'])} but not shown below it (p = {d['p_within']:.3g} ≥ α"
+                if d["op"] == ">" else
+                f"{where} {_rate(metric, d['threshold'])} but not shown above it (p = {d['p_within']:.3g} ≥ α")
+        body += (f"; the data detect a change of {_rate(metric, d['mde'])} at 80 % power)" if d.get("mde") is not None
+                 else "): add items or runs")
+    return f"{head} {body}  [{d['expr']}]"
+
+
 def describe(gate: dict) -> str:
-    """The gate's decision for the terminal: the test it used, one line per breach or undetectable threshold."""
-    how = (f"a breach counts when its test gives p < {gate['significance']:g}" if gate["significance"] is not None
-           else "raw values compared, no test (--significance off)")
-    skipped = (f"; churn tasks left out: {', '.join(gate['churn_skipped'])}" if gate.get("churn_skipped") else "")
-    if gate["breaches"]:
-        lines = [f"gate: FAILED, {len(gate['breaches'])} regression(s) ({how}{skipped}):"]
-        for b in gate["breaches"]:
-            p = "" if b["p_value"] is None else f" (p = {b['p_value']:.3g}, {b['test']})"
-            lines.append(f"  {b['task']}: {b['metric']} = {_rate(b['metric'], b['value'])} {b['op']} "
-                         f"{_rate(b['metric'], b['threshold'])}{p}  [{b['expr']}]")
-        return "\n".join(lines)
-    lines = [f"gate: passed ({len(gate['thresholds'])} threshold(s); {how}{skipped})"]
-    for u in gate.get("undetectable", []):
-        lines.append(f"  but {u['task']}: the data detect {u['expr'].split(':')[-1].split('>')[0].strip()} only from "
-                     f"{100 * u['mde']:.2f}% (80 % power), above the threshold [{u['expr']}]: add items or runs")
+    """The gate's decision for the terminal: one line per breach and undecided threshold, what was left out."""
+    alpha = gate["significance"]
+    how = (f"breach: its one-sided test at p < {alpha:g}; clear: the opposite test at p < {alpha:g}"
+           if alpha is not None else "raw values compared, no test (--significance off)")
+    kinds = {k: len([d for d in gate["decisions"] if d["decision"] == k]) for k in ("breach", "undecided", "clear")}
+    counts = ", ".join(f"{n} {k}" for k, n in kinds.items())
+    if gate["status"] == "breach":
+        lines = [f"gate: FAILED ({counts}; {how}):"]
+    elif gate["status"] == "undecided":
+        lines = [f"gate: UNDECIDED, no breach but not every threshold could be decided ({counts}; {how}):"]
+    else:
+        lines = [f"gate: passed, every threshold clear ({counts}; {how})"]
+    if gate.get("nothing_decided"):
+        lines.append(f"  {gate['nothing_decided']}")
+    for kind in ("breach", "undecided"):
+        lines += [f"  {kind}: {decision_line(d)}" for d in gate["decisions"] if d["decision"] == kind]
+    left = sorted({x["task"] for x in gate["left_out"] if x["why"].startswith("churn")})
+    if left and not gate.get("nothing_decided"):
+        lines.append(f"  churn tasks left out of the flip metrics: {', '.join(left)}")
     return "\n".join(lines)

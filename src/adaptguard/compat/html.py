@@ -24,7 +24,9 @@ th{background:#f4f4f4;position:sticky;top:0} th.sortable{cursor:pointer} th.sort
 .verdict{font-size:16px;padding:10px 14px;border-radius:6px;background:#eef6ee;border:1px solid #9c9}
 .verdict.failed{background:#fbeaea;border-color:#d99} .note{color:#666;font-size:13px}
 .kind-negative td.kind{color:#b00;font-weight:600} .kind-positive td.kind{color:#070;font-weight:600}
-del{background:#fdd;text-decoration:line-through} ins{background:#dfd;text-decoration:none}
+del,ins{background:#fff3bf;text-decoration:none;border-bottom:1px dotted #a80}
+.right{color:#070;font-weight:600} .wrong{color:#b00;font-weight:600} .beyond{font-weight:600}
+ul.decisions.breach li{color:#900} ul.decisions li{margin:2px 0}
 .controls{display:flex;gap:12px;align-items:center;margin:8px 0;flex-wrap:wrap} .prompt{max-width:420px}
 td.answer{font-family:ui-monospace,Menlo,monospace;font-size:13px;white-space:pre-wrap}
 img{max-width:100%} code{background:#f4f4f4;padding:0 3px}
@@ -35,17 +37,20 @@ SCRIPT = """
   var rows = Array.prototype.slice.call(document.querySelectorAll('#flips tbody tr'));
   var task = document.getElementById('task'), kind = document.getElementById('kind');
   var search = document.getElementById('search'), shown = document.getElementById('shown');
+  var beyond = document.getElementById('beyond'), changed = document.getElementById('changed');
   function apply() {
     var t = task.value, k = kind.value, q = search.value.toLowerCase(), n = 0;
     rows.forEach(function (r) {
       var ok = (!t || r.dataset.task === t) && (!k || r.dataset.kind === k) &&
+               (!beyond || !beyond.checked || r.dataset.beyond === '1') &&
+               (!changed.checked || r.dataset.changed === '1') &&
                (!q || r.textContent.toLowerCase().indexOf(q) >= 0);
       r.style.display = ok ? '' : 'none';
       if (ok) n++;
     });
     shown.textContent = n;
   }
-  [task, kind].forEach(function (e) { e.addEventListener('change', apply); });
+  [task, kind, beyond, changed].forEach(function (e) { if (e) e.addEventListener('change', apply); });
   search.addEventListener('input', apply);
   document.querySelectorAll('#flips th.sortable').forEach(function (th, col) {
     var up = true;
@@ -73,7 +78,8 @@ def _e(value) -> str:
 
 
 def marked_difference(old: str, new: str) -> tuple[str, str]:
-    """(old, new) as HTML with the words that differ marked: `<del>` in the old answer, `<ins>` in the new."""
+    """(old, new) as HTML with the words that differ marked: `<del>` in the old answer, `<ins>` in the new (styled
+    alike: which answer is right is said in words beside it, not by a diff's red and green)."""
     a, b = str(old).split(" "), str(new).split(" ")
     left, right = [], []
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
@@ -95,10 +101,17 @@ def table(header: list[str], rows: list[list[str]], escape: bool = True) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _verdict_word(right: bool | None) -> str:
+    if right is None:
+        return ""
+    return '<span class="right">right: </span>' if right else '<span class="wrong">wrong: </span>'
+
+
 def flips_section(flips: list[dict], counts: dict[str, dict[str, int]], cap: int = CAP_PER_TASK,
                   note: str = "") -> str:
     """The flipped items' table with its controls. `flips`: `[{task, doc_id, kind, prompt, gold, old, new}]`
-    (negative first); `counts`: per task, how many flips of each kind there are in all (for the capped note)."""
+    (negative first), with `pairs`, `of_pairs`, `beyond_noise` for items of replicate runs and `delta` for items
+    scored by similarity; `counts`: per task, how many flips of each kind there are in all (for the capped note)."""
     shown, per_task = [], {}
     for f in flips:
         k = (f["task"], f["kind"])
@@ -107,31 +120,44 @@ def flips_section(flips: list[dict], counts: dict[str, dict[str, int]], cap: int
             shown.append(f)
     capped = [f"{task}: {n - cap} more {kind} flips not shown" for (task, kind), n in per_task.items() if n > cap]
     tasks = sorted({f["task"] for f in flips})
+    replicated = any("pairs" in f for f in flips)
     rows = []
     for f in shown:
         old, new = (marked_difference(f["old"], f["new"]) if isinstance(f["old"], str) and isinstance(f["new"], str)
                     else (_e(f["old"]), _e(f["new"])))
         label = "broke" if f["kind"] == "negative" else "fixed"
-        rows.append(f'<tr class="kind-{f["kind"]}" data-task="{_e(f["task"])}" data-kind="{label}">'
+        # a 0/1 flip: the old answer was right when it broke; a similarity flip has no right or wrong
+        old_right = None if "delta" in f else f["kind"] == "negative"
+        pairs = ""
+        if replicated:
+            text = (f"{label} in {f['pairs']} of {f['of_pairs']} pairs" if "pairs" in f else "")
+            if f.get("beyond_noise"):
+                text += " — beyond rerun noise"
+            pairs = f'<td class="{"beyond" if f.get("beyond_noise") else ""}">{_e(text)}</td>'
+        rows.append(f'<tr class="kind-{f["kind"]}" data-task="{_e(f["task"])}" data-kind="{label}" '
+                    f'data-beyond="{int(bool(f.get("beyond_noise")))}" data-changed="{int(f["old"] != f["new"])}">'
                     f'<td>{_e(f["task"])}</td><td data-sort="{_e(f["doc_id"])}">{_e(f["doc_id"])}</td>'
-                    f'<td class="kind">{label}</td><td class="prompt">{_e(f.get("prompt"))}</td>'
-                    f'<td class="answer">{_e(f.get("gold"))}</td><td class="answer">{old}</td>'
-                    f'<td class="answer">{new}</td></tr>')
+                    f'<td class="kind">{label}</td>{pairs}<td class="prompt">{_e(f.get("prompt"))}</td>'
+                    f'<td class="answer">{_e(f.get("gold"))}</td>'
+                    f'<td class="answer">{_verdict_word(old_right)}{old}</td>'
+                    f'<td class="answer">{_verdict_word(None if old_right is None else not old_right)}{new}</td></tr>')
     options = "".join(f'<option value="{_e(t)}">{_e(t)}</option>' for t in tasks)
     total = sum(n for c in counts.values() for n in c.values())
+    headers = ("task", "doc", "direction", *(("run pairs",) if replicated else ()), "prompt", "gold", "old answer",
+               "new answer")
     return (f'<h2>The flipped items</h2><p class="note">{_e(note)}Broke = right before, wrong after (a negative '
-            f'flip); fixed = wrong before, right after. {total} flips in all; the changed words of an answer are '
-            f'marked.</p>'
+            f'flip); fixed = wrong before, right after. {total} flipped items in all; each answer is marked right or '
+            f'wrong, and the words that changed between them are highlighted.</p>'
             + (f'<p class="note" id="capped">Up to {cap} per task and direction are shown: '
                f'{_e("; ".join(capped))} (every flip: <code>--flips-out</code>).</p>' if capped else "")
             + f'<div class="controls"><label>task <select id="task"><option value="">all</option>{options}</select>'
               f'</label><label>direction <select id="kind"><option value="">both</option><option value="broke">'
-              f'broke</option><option value="fixed">fixed</option></select></label><label>search <input id="search" '
-              f'type="search" placeholder="prompt or answer"></label><span><span id="shown">{len(rows)}</span> '
-              f'shown</span></div>'
-            + '<table id="flips"><thead><tr>' + "".join(
-                f'<th class="sortable">{h}</th>' for h in ("task", "doc", "direction", "prompt", "gold", "old answer",
-                                                            "new answer"))
+              f'broke</option><option value="fixed">fixed</option></select></label>'
+            + ('<label><input id="beyond" type="checkbox"> beyond noise only</label>' if replicated else "")
+            + '<label><input id="changed" type="checkbox"> changed answers only</label>'
+              '<label>search <input id="search" type="search" placeholder="prompt or answer"></label><span><span '
+              f'id="shown">{len(rows)}</span> shown</span></div>'
+            + '<table id="flips"><thead><tr>' + "".join(f'<th class="sortable">{h}</th>' for h in headers)
             + f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 

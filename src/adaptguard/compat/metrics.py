@@ -13,6 +13,7 @@ Beyond the paper: an exact McNemar test on the discordant pairs and bootstrap in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -56,6 +57,60 @@ def bootstrap_rate_ci(indicator: np.ndarray, n_boot: int = 2000, level: float = 
     return (float(lo), float(hi))
 
 
+def exact_rate_ci(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Clopper–Pearson (exact binomial) interval of a rate of `k` in `n` items: never outside [0, 1], and not
+    [0, 0] at k = 0 (at 0 of 18 the upper end is 18.5 %), where a bootstrap of the items collapses."""
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return (float("nan"), float("nan"))
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=level, method="exact")
+    return (float(ci.low), float(ci.high))
+
+
+def paired_drop_p(n_negative: int, n_positive: int, n: int, margin: float = 0.0,
+                  alternative: str = "greater") -> float:
+    """One-sided test of the accuracy drop d = (b − c) / n of two models on the same n items (b = right → wrong,
+    c = wrong → right) against `margin`: H0 "d ≤ margin" for `alternative="greater"`, "d ≥ margin" for "less".
+
+    At margin 0 it is the exact McNemar test (b ~ Binomial(b + c, 1/2) given b + c); elsewhere Tango's score test
+    (Tango 1998, the paired-proportions test against a margin): z = (d − margin) / sqrt((2 q + margin (1 − margin)) / n)
+    with q the restricted maximum-likelihood rate of wrong → right under H0, the root of
+    2n q² + (b + c − margin (2n − b + c)) · (−q) − c · margin (1 − margin) = 0. At margin 0 its z is McNemar's
+    (b − c) / sqrt(b + c).
+    """
+    from scipy.stats import binomtest, norm
+
+    if alternative not in ("greater", "less"):
+        raise ValueError(f"alternative must be 'greater' or 'less', got {alternative!r}")
+    b, c, n = int(n_negative), int(n_positive), int(n)
+    if n <= 0 or b < 0 or c < 0 or b + c > n:
+        raise ValueError(f"paired_drop_p: need 0 ≤ b + c ≤ n with n > 0, got b={b}, c={c}, n={n}")
+    if not -1 < margin < 1:
+        return float((margin <= -1) == (alternative == "greater"))  # every drop is above −1 and below 1
+    if margin == 0:
+        return 1.0 if b + c == 0 else float(binomtest(b, b + c, 0.5, alternative=alternative).pvalue)
+    big_b = -(b + c) + margin * (2 * n - b + c)
+    q = (math.sqrt(max(0.0, big_b ** 2 + 8 * n * c * margin * (1 - margin))) - big_b) / (4 * n)
+    var = (2 * q + margin * (1 - margin)) / n
+    z = ((b - c) / n - margin) / math.sqrt(var)
+    return float(norm.sf(z) if alternative == "greater" else norm.cdf(z))
+
+
+def combined_drop_p(p_values) -> dict[str, float]:
+    """Two of Kübler et al.'s (2026) ways to combine K tasks' one-sided p-values into one test of "no task got
+    worse" (the third, pooling every item into one test, needs the counts): `max_drop`, the smallest p with
+    Šidák's correction 1 − (1 − min p)^K (exact for independent tasks: their items differ); `fisher`,
+    −2 Σ log p ~ χ²(2K) (scipy's `combine_pvalues`). Both are valid (conservative) for discrete p-values."""
+    from scipy.stats import combine_pvalues
+
+    p = np.clip(np.asarray(p_values, dtype=float), 1e-300, 1.0)
+    if p.ndim != 1 or p.size == 0:
+        raise ValueError("combined_drop_p needs a non-empty list of p-values")
+    return {"max_drop": float(-np.expm1(p.size * np.log1p(-min(p.min(), 1 - 1e-16)))),
+            "fisher": float(combine_pvalues(p, method="fisher").pvalue)}
+
+
 def flip_indicators(old_correct, new_correct, old_pred=None, new_pred=None) -> dict[str, np.ndarray]:
     """Per-item flips (paper 002 §3.1), the one implementation behind `flip_metrics`, `compare` and the
     in-harness `compat_*` tasks.
@@ -91,13 +146,15 @@ def btc(old_correct, new_correct) -> float | None:
 
 
 def flip_metrics(old_correct, new_correct, old_pred=None, new_pred=None, *, n_boot: int = 2000,
-                 level: float = 0.95, seed: int | None = 0) -> dict:
+                 level: float = 0.95, seed: int | None = 0, interval: str = "bootstrap") -> dict:
     """Flip metrics of an update from an old to a new model on the same items.
 
     Args:
         old_correct, new_correct: (N,) booleans, whether each model got item i right.
         old_pred, new_pred: optional (N,) predictions (any comparable values) for `inconsistency_flips`.
         n_boot, level, seed: bootstrap settings of `nfr_ci` / `pfr_ci`.
+        interval: "bootstrap" (the items resampled; kept for the experiments' records) or "exact" (Clopper–Pearson,
+            `exact_rate_ci`: right at 0 and at N flips, what `compare` reports).
     Returns:
         dict with `n`, `old_acc`, `new_acc`, `nfr`, `pfr`, `inconsistency_flips` (None without predictions), `btc`
         (None when the old model is never right), `n_negative_flips`, `n_positive_flips`,
@@ -109,6 +166,9 @@ def flip_metrics(old_correct, new_correct, old_pred=None, new_pred=None, *, n_bo
     if n == 0:
         raise ValueError("flip_metrics needs at least one item")
     negative, positive = flips["nfr"], flips["pfr"]
+    if interval not in ("bootstrap", "exact"):
+        raise ValueError(f"interval must be 'bootstrap' or 'exact', got {interval!r}")
+    exact = interval == "exact"
     return {
         "n": n,
         "old_acc": float(old.mean()),
@@ -120,8 +180,9 @@ def flip_metrics(old_correct, new_correct, old_pred=None, new_pred=None, *, n_bo
         "n_negative_flips": int(negative.sum()),
         "n_positive_flips": int(positive.sum()),
         "mcnemar_p": mcnemar_exact_p(int(negative.sum()), int(positive.sum())),
-        "nfr_ci": bootstrap_rate_ci(negative, n_boot, level, seed),
-        "pfr_ci": bootstrap_rate_ci(positive, n_boot, level, None if seed is None else seed + 1),
+        "nfr_ci": exact_rate_ci(int(negative.sum()), n, level) if exact else bootstrap_rate_ci(negative, n_boot, level, seed),
+        "pfr_ci": exact_rate_ci(int(positive.sum()), n, level) if exact else
+        bootstrap_rate_ci(positive, n_boot, level, None if seed is None else seed + 1),
     }
 
 
@@ -137,7 +198,8 @@ def mean_regression(delta) -> float | None:
     return float(-d[d < 0].mean()) if (d < 0).any() else None
 
 
-def smooth_flip_metrics(delta, *, n_boot: int = 2000, level: float = 0.95, seed: int | None = 0) -> dict:
+def smooth_flip_metrics(delta, *, n_boot: int = 2000, level: float = 0.95, seed: int | None = 0,
+                        interval: str = "bootstrap") -> dict:
     """Smooth gain/regression of a generative update from per-item `D(x) = S(new) − S(old)` (N,).
 
     Returns `n`, `smooth_pfr`, `smooth_nfr`, `m_g` (mean D over D > 0; None if none), `m_r` (mean |D|
@@ -156,8 +218,10 @@ def smooth_flip_metrics(delta, *, n_boot: int = 2000, level: float = 0.95, seed:
         "m_g": mean_gain(d),
         "m_r": mean_regression(d),
         "mean_delta": float(d.mean()),
-        "smooth_nfr_ci": bootstrap_rate_ci(loss, n_boot, level, seed),
-        "smooth_pfr_ci": bootstrap_rate_ci(gain, n_boot, level, None if seed is None else seed + 1),
+        "smooth_nfr_ci": exact_rate_ci(int(loss.sum()), len(d), level) if interval == "exact"
+        else bootstrap_rate_ci(loss, n_boot, level, seed),
+        "smooth_pfr_ci": exact_rate_ci(int(gain.sum()), len(d), level) if interval == "exact"
+        else bootstrap_rate_ci(gain, n_boot, level, None if seed is None else seed + 1),
     }
 
 

@@ -218,7 +218,9 @@ def replicate_flips(old, new, *, level: float = 0.95, power: float = 0.8, method
         "se": se, "df": df, "ci": t_interval(estimate, se, df, level),
         "p_value": p_value, "mde": min_detectable_effect(se, df, 1 - level, power),
         "nfr_se": math.sqrt(nfr_var), "nfr_df": nfr_df,
-        "nfr_ci": t_interval(float(parts["cross"].mean()), math.sqrt(nfr_var), nfr_df, level),
+        # a rate: the t interval cut to [0, 1]
+        "nfr_ci": tuple(min(max(x, 0.0), 1.0) for x in t_interval(float(parts["cross"].mean()), math.sqrt(nfr_var),
+                                                                  nfr_df, level)),
         "acc_diff": float(parts["acc_diff"].mean()), "acc_diff_se": acc_se, "acc_diff_df": acc_df,
         "acc_diff_ci": t_interval(float(parts["acc_diff"].mean()), acc_se, acc_df, level),
         "acc_diff_mde": min_detectable_effect(acc_se, acc_df, 1 - level, power),
@@ -229,6 +231,46 @@ def replicate_flips(old, new, *, level: float = 0.95, power: float = 0.8, method
         if len(values) >= 3:
             out[f"spread_{side}"] = {"min": min(values), "max": max(values), "sd": float(np.std(values, ddof=1))}
     return out
+
+
+def items_beyond_noise(old, new, *, q: float = 0.05) -> dict:
+    """Which items did the update break beyond what reruns break? Per item, the runs of each side form a 2×2 table
+    (right / wrong × old / new); an item broke beyond rerun noise when its old runs are right more often than its new
+    runs by more than chance allows: Boschloo's exact one-sided test on that table (uniformly more powerful than
+    Fisher's; scipy's `boschloo_exact`), then Benjamini–Hochberg at `q` over the items (the false discovery rate).
+
+    Args:
+        old: (R_o, N) 0/1, whether old run r got item i right; new: (R_n, N) the same for the new runs.
+        q: the false discovery rate of the flagged items.
+    Returns:
+        `pairs` = R_o · R_n; per item (N,) lists: `broke_pairs`, in how many (old run, new run) pairs the item went
+        right → wrong (= old right count × new wrong count); `rerun_flip_rate`, how often it flips between two
+        distinct reruns of one side (pooled over the sides, as the noise floor; None with one run per side);
+        `p`, `p_bh`, `flagged`; and `min_p`, the smallest p any item can reach with these run counts (old always
+        right, new always wrong): BH flags nothing unless some p ≤ q / N, so `min_p` > q / N says the runs are too
+        few for any single item to be named.
+    """
+    from scipy.stats import boschloo_exact
+
+    old, new = _runs("old", old), _runs("new", new)
+    if old.shape[1] != new.shape[1]:
+        raise ValueError(f"old has {old.shape[1]} items per run but new has {new.shape[1]}")
+    (r_o, n), r_n = old.shape, new.shape[0]
+    right_o, right_n = old.sum(0).round().astype(int), new.sum(0).round().astype(int)
+    cache: dict[tuple[int, int], float] = {}
+
+    def p_of(a: int, b: int) -> float:  # the table's columns are the two samples (scipy's orientation)
+        if (a, b) not in cache:
+            cache[a, b] = 1.0 if a * r_n <= b * r_o else float(
+                boschloo_exact([[a, b], [r_o - a, r_n - b]], alternative="greater").pvalue)
+        return cache[a, b]
+
+    p = np.array([p_of(a, b) for a, b in zip(right_o, right_n)])
+    flagged, adjusted = benjamini_hochberg(p, q)
+    within = r_o * (r_o - 1) + r_n * (r_n - 1)
+    floor = ((right_o * (r_o - right_o) + right_n * (r_n - right_n)) / within).tolist() if within else [None] * n
+    return {"pairs": r_o * r_n, "broke_pairs": (right_o * (r_n - right_n)).tolist(), "rerun_flip_rate": floor,
+            "p": p.tolist(), "p_bh": adjusted, "flagged": flagged, "min_p": p_of(r_o, 0), "q": q}
 
 
 def paired_runs_difference(a, b, *, level: float = 0.95, power: float = 0.8, method: str = "moments",

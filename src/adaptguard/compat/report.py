@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -54,10 +55,15 @@ def _p(value) -> str:
     return "–" if value is None else f"{value:.2g}"
 
 
-LEGEND = ("NFR: negative flips, right before and wrong after; PFR: positive flips, wrong → right; BTC: share of the "
-          "old model's right answers kept; incons.: wrong answers that changed (multiple choice);",
-          "noise floor: the NFR between reruns of one model (replicates); excess NFR = NFR − noise floor; MDE: the "
-          "smallest change the items (and runs) detect at 80 % power; rates in %, (counts), [95 % intervals].")
+def legend(report: dict) -> tuple[str, str]:
+    level = round(100 * report.get("level", 0.95))
+    means = any(e.get("counts_are_means") for e in report["tasks"].values())
+    return ("NFR: negative flips, right before and wrong after; PFR: positive flips, wrong → right; BTC: share of the "
+            "old model's right answers kept; incons.: wrong answers that changed (multiple choice);",
+            "noise floor: the NFR between reruns of one model (replicates); excess NFR = NFR − noise floor; MDE: the "
+            f"smallest change the items (and runs) detect at 80 % power; rates in %, (counts"
+            f"{', means over run pairs' if means else ''}), [{level} % intervals: exact binomial for one run, over "
+            "runs and items with replicates].")
 
 # the table column that shows each gated metric (acc_drop: the new accuracy)
 GATE_COLUMNS = {"old_acc": "acc old → new", "new_acc": "acc old → new", "acc_drop": "acc old → new",
@@ -66,14 +72,28 @@ GATE_COLUMNS = {"old_acc": "acc old → new", "new_acc": "acc old → new", "acc
                 "delta_nfr": "ΔNFR_c"}
 
 
-def _verdict(e: dict) -> str:
-    churn = e.get("churn") or {}
-    if churn.get("churn"):
-        return "churn (old at chance)"
+def task_decisions(gate: dict | None, name: str) -> list[dict]:
+    return [d for d in (gate or {}).get("decisions", []) if d["task"] == name]
+
+
+def _verdict(e: dict, name: str, gate: dict | None) -> str:
+    """The task's verdict: the gate's decisions when there is a gate (the worst first), else the BH flag."""
+    churn = "churn (old at chance)" if (e.get("churn") or {}).get("churn") else None
+    if gate is not None:
+        mine = task_decisions(gate, name)
+        for kind in ("breach", "undecided"):
+            hit = [d["expr"] for d in mine if d["decision"] == kind]
+            if hit:
+                return f"{kind.upper() if kind == 'breach' else kind} ({', '.join(hit)})" + (f"; {churn}" if churn else "")
+        if mine:
+            return "clear" + (f"; {churn}" if churn else "")
+        return churn or "not gated"
+    if churn:
+        return churn
     reg = e.get("regression")
     if reg is None:
         return "–"
-    return "REGRESSION" if reg["flagged"] else "no regression seen"
+    return "REGRESSION" if reg["flagged"] else "no regression shown"
 
 
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
@@ -94,7 +114,9 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
         r = e.get("replicates") or {}
         reg = e.get("regression") or {}
         acc = "–" if e.get("old_acc") is None else f"{100 * e['old_acc']:.1f} → {100 * e['new_acc']:.1f}"
-        row = [name, str(e["n"]), acc, _pct(e.get("nfr"), e.get("n_negative_flips")), _fmt(e.get("nfr_ci"), True),
+        nfr_ci = e.get("nfr_ci") if e.get("nfr_ci") is not None else r.get("nfr_ci") if r and not r.get("runs_fixed") \
+            else None
+        row = [name, str(e["n"]), acc, _pct(e.get("nfr"), e.get("n_negative_flips")), _fmt(nfr_ci, True),
                _pct(e.get("pfr"), e.get("n_positive_flips")), _pct(e.get("inconsistency_flips")), _pct(e.get("btc"))]
         if replicated:
             fixed = r.get("runs_fixed", True)
@@ -104,7 +126,7 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
                     "–" if not reg else f"{_p(reg['p'])} ({_p(reg['p_bh'])})"]
         else:
             row += [_p(e.get("mcnemar_p")), "–" if not r else _pct(r["mde"])]
-        row.append(_verdict(e))
+        row.append(_verdict(e, name, report.get("gate")))
         if smooth:
             row += [e.get("similarity", "–"), _pct(e.get("smooth_nfr")), _pct(e.get("smooth_pfr")),
                     _fmt(e.get("m_g")), _fmt(e.get("m_r"))]
@@ -119,8 +141,16 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def task_sentence(name: str, e: dict) -> str:
-    """What happened on one task, in one sentence a user can act on."""
+def task_sentence(name: str, e: dict, gate: dict | None = None, alpha: float = 0.05) -> str:
+    """What happened on one task, in one sentence a user can act on, ending with the gate's decisions on it."""
+    from .gate import decision_line
+
+    decided = task_decisions(gate, name)
+    tail = "".join(f" Gate {d['decision']}: {decision_line(d).partition(': ')[2]}" for d in decided)
+    return _task_sentence(name, e, alpha) + tail
+
+
+def _task_sentence(name: str, e: dict, alpha: float) -> str:
     if e.get("old_acc") is None:
         return f"{name}: smooth NFR {_pct(e.get('smooth_nfr'))} %, smooth PFR {_pct(e.get('smooth_pfr'))} % " \
                f"({e.get('similarity')})."
@@ -140,10 +170,19 @@ def task_sentence(name: str, e: dict) -> str:
         if reg and reg["flagged"]:
             out += f", a regression beyond rerun noise (p {_p(reg['p'])}, {_p(reg['p_bh'])} after BH)."
         else:
-            out += f", within rerun noise; an excess of {_pct(r['mde'])} points would have been seen."
+            out += f", not shown beyond rerun noise; an excess of {_pct(r['mde'])} points would have been seen."
+        items = e.get("items")
+        if items:
+            named = sum(items["flagged"])
+            out += (f" {named} item(s) broke beyond rerun noise (Boschloo's test per item, BH at {items['q']:g})."
+                    if named else
+                    f" No single item broke beyond rerun noise" + (
+                        f" (with {items['pairs']} run pairs no item can reach p below {items['min_p']:.2g}; "
+                        f"{len(items['p'])} items need p ≤ {items['q'] / len(items['p']):.2g}: add runs)."
+                        if items["min_p"] > items["q"] / len(items["p"]) else "."))
     else:
         p = e.get("mcnemar_p")
-        sig = "not tested" if p is None else "significant" if p < 0.05 else "not significant"
+        sig = "not tested" if p is None else "significant" if p < alpha else "not significant"
         out = (f"{name}: accuracy {diff:+.1f} points ({sig}, McNemar p {_p(p)}); {e['n_negative_flips']:.0f} "
                f"answers broke (NFR {_pct(e['nfr'])} %), {e['n_positive_flips']:.0f} were fixed "
                f"(PFR {_pct(e['pfr'])} %).")
@@ -159,6 +198,21 @@ def runs_line(report: dict) -> str | None:
         return ("Run-to-run variance was not measured (one run per side): give replicate runs as OLD1,OLD2 "
                 "NEW1,NEW2 to measure flips against the noise floor of reruns.")
     return None
+
+
+def across_lines(report: dict) -> list[str]:
+    """Kübler et al.'s accuracy verdict across each candidate's tasks."""
+    lines = []
+    across = report.get("across_tasks") or {}
+    for label, a in across.items():
+        p = a["p"]
+        drop = 100 * (a["old_acc"] - a["new_acc"])
+        lines.append(f"across tasks{'' if len(across) == 1 else f' [{label}]'} ({len(a['tasks'])} task"
+                     f"{'s' * (len(a['tasks']) > 1)}, {a['n']} items, churn in: an accuracy test holds at chance): "
+                     f"accuracy {-drop:+.1f} points; pooled p {_p(p['pooled'])}, max-drop p {_p(p['max_drop'])}, "
+                     f"Fisher p {_p(p['fisher'])}, each at α/3 = {a['alpha_each']:.3g} — "
+                     + ("a drop the data support." if a["regression"] else "no drop shown."))
+    return lines
 
 
 def overall_lines(report: dict) -> list[str]:
@@ -190,8 +244,10 @@ def flip_lines(report: dict, markdown: bool = False) -> list[str]:
 
 
 def _explained(report: dict) -> list[str]:
-    return [*(task_sentence(n, e) for n, e in report["tasks"].items()), *overall_lines(report),
-            *filter(None, [runs_line(report)])]
+    alpha = report.get("alpha", 0.05)
+    return [*report.get("notes", []), *(task_sentence(n, e, report.get("gate"), alpha)
+                                         for n, e in report["tasks"].items()),
+            *overall_lines(report), *across_lines(report), *filter(None, [runs_line(report)])]
 
 
 def to_text(report: dict) -> str:
@@ -199,7 +255,7 @@ def to_text(report: dict) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows), "", *_explained(report), "",
-                      *LEGEND, *flip_lines(report)])
+                      *legend(report), *flip_lines(report)])
 
 
 def _names(side) -> str:
@@ -210,7 +266,7 @@ def _names(side) -> str:
 
 def to_markdown(report: dict) -> str:
     header, rows = table_rows(report)
-    lines = [f"# Compatibility: {_names(report['old'])} → {_names(report['new'])}", "", *LEGEND, "",
+    lines = [f"# Compatibility: {_names(report['old'])} → {_names(report['new'])}", "", *legend(report), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", *(f"- {x}" for x in _explained(report))]
@@ -237,14 +293,20 @@ def plot_quadrants(report: dict, path: Path) -> None:
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (name, e) in zip(axes.flat, entries):
         if e.get("_correct") is not None:
-            old, new = (np.asarray(v, dtype=bool) for v in e["_correct"])
-            grid = np.array([[(~old & new).sum(), (old & new).sum()], [(~old & ~new).sum(), (old & ~new).sum()]])
+            # the share of runs right per item on each side (one run: 0/1), so that with replicates each cell is the
+            # mean count over every (old run, new run) pair, as the title's NFR and PFR are
+            old, new = (np.asarray(v, dtype=float).reshape(len(v), -1).mean(0) if e.get("counts_are_means")
+                        else np.asarray(v, dtype=float) for v in (e["_runs"] if e.get("counts_are_means")
+                                                                   else e["_correct"]))
+            grid = np.array([[((1 - old) * new).sum(), (old * new).sum()],
+                             [((1 - old) * (1 - new)).sum(), (old * (1 - new)).sum()]])
             labels = [["positive flip", "both right"], ["both wrong", "negative flip"]]
             colors = [["#b7e4c7", "#d8e2dc"], ["#e9ecef", "#f4a3a8"]]
             for i in range(2):
                 for j in range(2):
                     ax.add_patch(Rectangle((j, 1 - i), 1, 1, color=colors[i][j]))
-                    ax.text(j + 0.5, 1.5 - i, f"{labels[i][j]}\n{grid[i, j]} ({100 * grid[i, j] / e['n']:.1f}%)",
+                    count = f"{grid[i, j]:.0f}" if float(grid[i, j]).is_integer() else f"{grid[i, j]:.1f}"
+                    ax.text(j + 0.5, 1.5 - i, f"{labels[i][j]}\n{count} ({100 * grid[i, j] / e['n']:.1f}%)",
                             ha="center", va="center", fontsize=9)
             ax.set_xlim(0, 2)
             ax.set_ylim(0, 2)
@@ -257,7 +319,8 @@ def plot_quadrants(report: dict, path: Path) -> None:
             ax.set_xlabel(f"D = {e['similarity']}(new) − {e['similarity']}(old)")
             ax.set_ylabel("items")
         ax.set_title(f"{name}\nNFR {_fmt(e.get('nfr', e.get('smooth_nfr')), True)}%  "
-                     f"PFR {_fmt(e.get('pfr', e.get('smooth_pfr')), True)}%", fontsize=9)
+                     f"PFR {_fmt(e.get('pfr', e.get('smooth_pfr')), True)}%"
+                     + ("  (means over run pairs)" if e.get("counts_are_means") else ""), fontsize=9)
     for ax in list(axes.flat)[len(entries):]:
         ax.axis("off")
     fig.tight_layout()
@@ -296,18 +359,48 @@ def write_outputs(report: dict, json_path=None, markdown_path=None, plot_path=No
     if plot_path:
         plot_quadrants(report, Path(plot_path))
     for path, text in rendered:
-        atomic_write_text(path, text)
+        if str(path) == "-":
+            sys.stdout.write(text)
+            continue
+        try:
+            atomic_write_text(path, text)
+        except OSError as err:  # name the user's path, not the temporary file beside it
+            raise OSError(err.errno, err.strerror, str(path)) from err
+
+
+def _gate_section(gate: dict) -> list[str]:
+    """The gate's decisions as lists: breaches, then undecided thresholds, then what was left out."""
+    from .gate import decision_line
+    from .html import _e
+
+    out = []
+    for kind, title in (("breach", "Breaches"), ("undecided", "Undecided"), ("clear", "Clear")):
+        found = [d for d in gate["decisions"] if d["decision"] == kind]
+        if found:
+            out += [f"<h3>{title} ({len(found)})</h3>",
+                    f'<ul class="decisions {kind}">' + "".join(f"<li>{_e(decision_line(d))}</li>" for d in found)
+                    + "</ul>"]
+    if gate.get("nothing_decided"):
+        out.append(f"<p>{_e(gate['nothing_decided'])}</p>")
+    elif gate["left_out"]:
+        out.append("<p class='note'>Left out: " + _e("; ".join(f"{x['task']} [{x['expr']}]: {x['why']}"
+                                                                for x in gate["left_out"])) + "</p>")
+    return out
 
 
 def compare_page(report: dict, flips: list[dict], figure_png: bytes | None) -> str:
-    """`adaptguard compare --html`: the gate's outcome (or the tasks' verdicts) first, the table, the sentences, the
-    legend, the figure, then the flipped items."""
-    from .gate import describe
+    """`adaptguard compare --html`: the gate's outcome (or the tasks' verdicts) first, its decisions as lists, the
+    table, the sentences, the legend, the figure, then the flipped items."""
     from .html import _e, figure, flips_section, page, table
 
     gate = report.get("gate")
+    sections = [f"<p>{_names(report['old'])} → {_names(report['new'])}</p>".replace("`", "")]
     if gate is not None:
-        verdict, failed = describe(gate).replace("\n", " "), not gate["passed"]
+        from .gate import describe
+
+        verdict = describe(gate).splitlines()[0].rstrip(":")
+        failed = gate["status"] != "clear"
+        sections += ["<h2>Gate</h2>", *_gate_section(gate)]
     else:
         flagged = [n for n, e in report["tasks"].items() if (e.get("regression") or {}).get("flagged")]
         verdict = (f"Regressions the data support on {len(flagged)} of {len(report['tasks'])} tasks: "
@@ -320,13 +413,14 @@ def compare_page(report: dict, flips: list[dict], figure_png: bytes | None) -> s
         counts.setdefault(f["task"], {}).setdefault(f["kind"], 0)
         counts[f["task"]][f["kind"]] += 1
     replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report["tasks"].values())
-    sections = [f"<p>{_names(report['old'])} → {_names(report['new'])}</p>".replace("`", ""),
-                "<h2>Per task</h2>", table(header, rows), "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in
-                                                                            _explained(report)) + "</ul>",
-                "<p class='note'>" + "<br>".join(_e(x) for x in LEGEND) + "</p>"]
+    sections += ["<h2>Per task</h2>", table(header, rows), "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in
+                                                                          _explained(report)) + "</ul>",
+                 "<p class='note'>" + "<br>".join(_e(x) for x in legend(report)) + "</p>"]
     if figure_png:
         sections += ["<h2>Flip quadrants</h2>", figure(figure_png, "flip quadrants per task")]
-    note = "With replicate runs, the items are the flips of the first old run to the first new run. " \
-        if replicated else ""
+    note = ("With replicate runs, an item is listed when it flipped in at least one (old run, new run) pair; "
+            "'beyond noise' marks the items whose old runs were right more often than their new runs by more than "
+            "reruns explain (Boschloo's test per item, Benjamini-Hochberg across items); they come first. "
+            if replicated else "")
     sections.append(flips_section(flips, counts, note=note))
     return page("What the update broke", verdict, failed, sections)

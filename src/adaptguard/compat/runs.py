@@ -53,9 +53,15 @@ class TaskRun:
         return self.config.get("output_type")
 
 
-def find_sample_files(path: str | Path) -> dict[str, Path]:
-    """{task: samples file} under `path` (a samples file or a directory searched at any depth)."""
-    path = Path(path)
+def find_sample_files(path: str | Path, notes: list[str] | None = None) -> dict[str, Path]:
+    """{task: samples file} under `path` (a samples file, or a directory searched at any depth). A folder that holds
+    several timestamped runs of a task (lm-eval run twice with one `--output_path`) gives the latest, said in
+    `notes`; `DIR@TIMESTAMP` (or a prefix of it, e.g. `runs/old@2026-11-27T10`) picks an earlier one."""
+    path_text = str(path)
+    stamp = None
+    if not Path(path_text).exists() and "@" in path_text:
+        path_text, _, stamp = path_text.rpartition("@")
+    path = Path(path_text)
     if not path.exists():
         raise RunError(f"{path}: no such file or directory")
     files = [path] if path.is_file() else sorted(path.rglob("samples_*.jsonl"))
@@ -64,15 +70,27 @@ def find_sample_files(path: str | Path) -> dict[str, Path]:
     if not files:
         raise RunError(f"{path}: no samples_*.jsonl files; run lm_eval with --log_samples --output_path {path}")
     by_task: dict[str, list[Path]] = {}
+    stamps = set()
     for f in files:
         m = SAMPLES_RE.match(f.name)
         if m:
-            by_task.setdefault(m["task"], []).append(f)
+            stamps.add(m["ts"])
+            if stamp is None or m["ts"].startswith(stamp):
+                by_task.setdefault(m["task"], []).append(f)
+    if stamp is not None and not by_task:
+        raise RunError(f"{path}@{stamp}: no run with that timestamp; runs there: {', '.join(sorted(stamps))}")
+    out = {}
     for task, found in by_task.items():
-        if len(found) > 1:
-            raise RunError(f"{path}: {len(found)} sample files for task {task!r} ({', '.join(map(str, found))}); "
-                           "point at one run's directory or file")
-    return {task: found[0] for task, found in by_task.items()}
+        if len({f.parent for f in found}) > 1:  # e.g. two models' folders under one --output_path
+            raise RunError(f"{path}: sample files for task {task!r} in {len({f.parent for f in found})} folders "
+                           f"({', '.join(sorted({str(f.parent) for f in found}))}); point at one model's folder")
+        found.sort(key=lambda f: SAMPLES_RE.match(f.name)["ts"])
+        out[task] = found[-1]
+        if len(found) > 1 and notes is not None:
+            latest = SAMPLES_RE.match(found[-1].name)["ts"]
+            notes.append(f"{path}: {len(found)} runs of task {task!r} there; compared the latest ({latest}); name "
+                         f"another as {path}@TIMESTAMP")
+    return out
 
 
 def _results_for(samples_file: Path) -> dict:
@@ -253,6 +271,6 @@ def _finite(value) -> bool:
         return False
 
 
-def read_run(path: str | Path) -> dict[str, TaskRun]:
-    """All tasks of one lm-eval run: {task: TaskRun}."""
-    return {task: read_task_run(task, f) for task, f in find_sample_files(path).items()}
+def read_run(path: str | Path, notes: list[str] | None = None) -> dict[str, TaskRun]:
+    """All tasks of one lm-eval run: {task: TaskRun} (`find_sample_files` for which files, and `notes`)."""
+    return {task: read_task_run(task, f) for task, f in find_sample_files(path, notes).items()}
