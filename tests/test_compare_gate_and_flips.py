@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 from test_compat import independent_flips, run_cli
 
-from adaptguard.compat.gate import GateError, Threshold, breach_p_value, check_gate
+from adaptguard.compat.decide import p_beyond
+from adaptguard.compat.gate import GateError, Threshold, check_gate
+
+
+def breach_p_value(entry, threshold):
+    return p_beyond(entry, threshold.metric, threshold.value, threshold.op)
 
 
 def upper_tail(k, n, p):
@@ -43,8 +48,8 @@ def test_breach_p_values_match_hand_binomials():
     # btc: 15 of the 20 old-right items stay right, H0 btc >= 0.95: P(X <= 15), X ~ Bin(20, 0.95)
     want = 1 - upper_tail(16, 20, 0.95)
     assert breach_p_value(e, Threshold.parse("btc<0.95")) == pytest.approx(want)
-    # acc_drop: McNemar on 5 negative vs 1 positive flips, two-sided: 2 * P(X <= 1), X ~ Bin(6, 1/2)
-    assert breach_p_value(e, Threshold.parse("acc_drop>0")) == pytest.approx(2 * 7 / 64)
+    # acc_drop: McNemar on 5 negative vs 1 positive flips, one-sided (a drop): P(X >= 5), X ~ Bin(6, 1/2)
+    assert breach_p_value(e, Threshold.parse("acc_drop>0")) == pytest.approx(7 / 64)
 
 
 def test_significance_keeps_only_supported_breaches():
@@ -56,7 +61,9 @@ def test_significance_keeps_only_supported_breaches():
     tested = check_gate(report, [Threshold.parse("nfr>0.02")], significance=0.05)
     assert [b["task"] for b in tested["breaches"]] == ["large"]
     assert tested["breaches"][0]["p_value"] == pytest.approx(upper_tail(5, 40, 0.02))
-    assert check_gate(report, [Threshold.parse("nfr>0.02")], significance=0.001)["passed"]
+    strict = check_gate(report, [Threshold.parse("nfr>0.02")], significance=0.001)
+    # no breach at 0.001, but not passed either: 0 of 40 items cannot show an NFR below 2 % (0.98^40 = 0.45)
+    assert not strict["breaches"] and strict["status"] == "undecided" and not strict["passed"]
     only_small = check_gate(report, [Threshold.parse("sm*:nfr>0.02")])
     assert [b["task"] for b in only_small["breaches"]] == ["small"]
 
@@ -71,9 +78,12 @@ def test_gate_bad_thresholds():
         check_gate(report, [Threshold.parse("smooth_nfr>0.1")])
     with pytest.raises(GateError, match="must be in"):
         check_gate(report, [Threshold.parse("nfr>0.1")], significance=1.5)
-    # inconsistency_flips undefined (no predictions): not applicable, not a breach
+    # inconsistency_flips undefined (no predictions): left out, not a breach, and with nothing else to decide the gate
+    # cannot pass
     gate = check_gate(report, [Threshold.parse("inconsistency_flips>0")])
-    assert gate["passed"] and gate["not_applicable"] == [{"task": "t", "expr": "inconsistency_flips>0"}]
+    assert not gate["breaches"] and gate["status"] == "undecided" and gate["nothing_decided"]
+    assert gate["left_out"] == [{"task": "t", "expr": "inconsistency_flips>0",
+                                 "why": "inconsistency_flips is not defined on this task"}]
 
 
 def test_compare_gate_on_real_runs(lm_runs, tmp_path):
@@ -166,9 +176,12 @@ def test_compare_several_new_runs_in_one_table(lm_runs, tmp_path):
 
     second = tmp_path / "again"
     shutil.copytree(lm_runs / "old", second)  # the old model evaluated again: no flips at all
+    # the rerun flips nothing: with 18-20 items that shows an NFR below 20 % (0.8^18 < 0.05), never below 0 (exit 3)
     proc = run_cli("compare", lm_runs / "old", lm_runs / "new", second, "--json", tmp_path / "m.json",
-                   "--markdown", tmp_path / "m.md", "--fail-on", "*again*:nfr>0")
+                   "--markdown", tmp_path / "m.md", "--fail-on", "*again*:nfr>20%")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    proc0 = run_cli("compare", lm_runs / "old", second, "--fail-on", "nfr>0")
+    assert proc0.returncode == 3 and "gate: UNDECIDED" in proc0.stderr, proc0.stderr[-2000:]
     many = json.loads((tmp_path / "m.json").read_text())
     assert many["new"] == [str(lm_runs / "new"), str(second)]
     assert sorted(many["tasks"]) == ["t_gsm [again]", "t_gsm [new]", "t_piqa [again]", "t_piqa [new]"]

@@ -218,17 +218,16 @@ def decision_line(d: dict) -> str:
     if d["decision"] == "breach":
         body = f"{d['op']} {_rate(metric, d['threshold'])} (p = {d['p_value']:.3g}, {d['test']})"
     elif d["decision"] == "clear":
-        body = (f"{where.replace('≤', '<').replace('≥', '>')} {_rate(metric, d['threshold'])} shown "
-                f"(p = {d['p_within']:.3g}, {d['test']})")
-    elif d["why"].startswith("beyond"):
-        body = (f"{d['op']} {_rate(metric, d['threshold'])} but not significantly (p = {d['p_value']:.3g} ≥ "
-                f"α, {d['test']})")
+        body = f"{'<' if d['op'] == '>' else '>'} {_rate(metric, d['threshold'])} shown (p = {d['p_within']:.3g}, {d['test']})"
     else:
-        body = (f"{where} {_rate(metric, d['threshold'])} but not shown below it (p = {d['p_within']:.3g} ≥ α"
-                if d["op"] == ">" else
-                f"{where} {_rate(metric, d['threshold'])} but not shown above it (p = {d['p_within']:.3g} ≥ α")
-        body += (f"; the data detect a change of {_rate(metric, d['mde'])} at 80 % power)" if d.get("mde") is not None
-                 else "): add items or runs")
+        if d["why"].startswith("beyond"):
+            body = f"{d['op']} {_rate(metric, d['threshold'])} but not significantly (p = {d['p_value']:.3g} ≥ α"
+        else:
+            body = (f"{where} {_rate(metric, d['threshold'])} but not shown {'below' if d['op'] == '>' else 'above'} "
+                    f"it (p = {d['p_within']:.3g} ≥ α")
+        body += f", {d['test']}"
+        body += (f"; the data detect a change of {_rate(metric, d['mde'])} at 80 % power: add items or runs)"
+                 if d.get("mde") is not None else "): add items or runs")
     return f"{head} {body}  [{d['expr']}]"
 
 
@@ -251,5 +250,5 @@ def describe(gate: dict) -> str:
         lines += [f"  {kind}: {decision_line(d)}" for d in gate["decisions"] if d["decision"] == kind]
     left = sorted({x["task"] for x in gate["left_out"] if x["why"].startswith("churn")})
     if left and not gate.get("nothing_decided"):
-        lines.append(f"  churn tasks left out of the flip metrics: {', '.join(left)}")
+        lines.append(f"  churn tasks left out: {', '.join(left)} (of the flip metrics; their accuracy tests stay)")
     return "\n".join(lines)

@@ -53,11 +53,27 @@ class TaskRun:
         return self.config.get("output_type")
 
 
+EXAMPLE_RUNS = ("fp32", "int8")
+
+
+def example_run_path(path: str | Path) -> str | Path:
+    """`example:fp32` / `example:int8`, the real pair of runs shipped with the package (SmolLM2-135M and its int8
+    quantization on two BIG-bench tasks, `example_runs/README.md`), as their folder; any other path as it is."""
+    text = str(path)
+    if not text.startswith("example:"):
+        return path
+    name = text.removeprefix("example:")
+    if name.partition("@")[0] not in EXAMPLE_RUNS:
+        raise RunError(f"{text}: no such example run; the shipped ones are "
+                       f"{', '.join('example:' + n for n in EXAMPLE_RUNS)}")
+    return str(Path(__file__).with_name("example_runs") / name)
+
+
 def find_sample_files(path: str | Path, notes: list[str] | None = None) -> dict[str, Path]:
     """{task: samples file} under `path` (a samples file, or a directory searched at any depth). A folder that holds
     several timestamped runs of a task (lm-eval run twice with one `--output_path`) gives the latest, said in
     `notes`; `DIR@TIMESTAMP` (or a prefix of it, e.g. `runs/old@2026-11-27T10`) picks an earlier one."""
-    path_text = str(path)
+    path_text = str(example_run_path(path))
     stamp = None
     if not Path(path_text).exists() and "@" in path_text:
         path_text, _, stamp = path_text.rpartition("@")
