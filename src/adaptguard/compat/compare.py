@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 
 from ..plugins import get_similarity
-from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
 from .decide import across_tasks, pooled_entry
+from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
 from .replicates import above_chance_p, benjamini_hochberg, chance_rate, items_beyond_noise, replicate_flips
 from .runs import RunError, Sample, TaskRun, read_run
 

@@ -25,8 +25,18 @@ import math
 import re
 from dataclasses import dataclass
 
-from .decide import (ACROSS_METHODS, FLIP_METRICS, RATE_METRICS, RUN_LEVEL_METRICS, across_tasks, mde, p_beyond,
-                     replicated, test_name, value)
+from .decide import (
+    ACROSS_METHODS,
+    FLIP_METRICS,
+    RATE_METRICS,
+    RUN_LEVEL_METRICS,
+    across_tasks,
+    mde,
+    p_beyond,
+    replicated,
+    test_name,
+    value,
+)
 from .metrics import DELTA_KEYS
 
 GATE_METRICS = (*RATE_METRICS, "acc_drop", "excess_nfr", "m_g", "m_r", "mean_delta",

@@ -176,7 +176,7 @@ def _task_sentence(name: str, e: dict, alpha: float) -> str:
             named = sum(items["flagged"])
             out += (f" {named} item(s) broke beyond rerun noise (Boschloo's test per item, BH at {items['q']:g})."
                     if named else
-                    f" No single item broke beyond rerun noise" + (
+                    " No single item broke beyond rerun noise" + (
                         f" (with {items['pairs']} run pairs no item can reach p below {items['min_p']:.2g}; "
                         f"{len(items['p'])} items need p ≤ {items['q'] / len(items['p']):.2g}: add runs)."
                         if items["min_p"] > items["q"] / len(items["p"]) else "."))
