@@ -216,13 +216,19 @@ def across_lines(report: dict) -> list[str]:
 
 
 def overall_lines(report: dict) -> list[str]:
+    """The tasks that are not churn pooled: with replicates, the excess NFR and its run-level test; with one run per
+    side, the pooled rates only (their test is the verdict across tasks, stated once)."""
     lines = []
+    level = round(100 * report.get("level", 0.95))
     for label, o in (report.get("overall") or {}).items():
-        what = "excess NFR" if not o["runs_fixed"] else "NFR − PFR"
-        lines.append(f"overall{'' if len(report['overall']) == 1 else f' [{label}]'} ({o['tasks']} task{'s' * (o['tasks'] > 1)}, "
-                     f"{o['n']} items, churn tasks {'in' if report.get('include_churn') else 'out'}): NFR "
-                     f"{_pct(o['nfr'])} %, {what} {100 * o['estimate']:+.1f} points (95 % CI "
-                     f"{100 * o['ci'][0]:+.1f} to {100 * o['ci'][1]:+.1f}, p {_p(o['p_value'])}).")
+        head = (f"overall{'' if len(report['overall']) == 1 else f' [{label}]'} ({o['tasks']} task"
+                f"{'s' * (o['tasks'] > 1)}, {o['n']} items, churn tasks {'in' if report.get('include_churn') else 'out'}"
+                f"): NFR {_pct(o['nfr'])} %")
+        if o["runs_fixed"]:
+            lines.append(f"{head}, PFR {_pct(o['pfr'])} % (the accuracy test across tasks is below).")
+        else:
+            lines.append(f"{head}, excess NFR {100 * o['estimate']:+.1f} points ({level} % CI {100 * o['ci'][0]:+.1f} "
+                         f"to {100 * o['ci'][1]:+.1f}, p {_p(o['p_value'])}).")
     return lines
 
 
