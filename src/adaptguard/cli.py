@@ -68,7 +68,7 @@ def _compare(ns: argparse.Namespace) -> int:
     report = compare_runs(_replicates(ns.old), [_replicates(p) for p in ns.new], similarity=ns.similarity,
                           metric=_metrics(ns.metric), compatible_path=ns.compatible, n_boot=ns.n_boot, seed=ns.seed,
                           alpha=ns.significance or DEFAULT_ALPHA, include_churn=ns.include_churn, tasks=ns.tasks,
-                          common_tasks=ns.common_tasks)
+                          common_tasks=ns.common_tasks, scorer=ns.scorer)
     if ns.fail_on:  # before anything is written: a threshold that cannot apply is bad input (exit 2)
         from .compat.gate import check_gate
 
@@ -547,9 +547,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seeds", type=int, help="run every section over seeds 0..N-1 and report mean and min-max "
                       "(default: the trade-off over 2 seeds, the other sections once)")
     demo.set_defaults(func=_demo)
-    cmp = sub.add_parser("compare", help="Compatibility metrics (negative/positive flips, ...) between two lm-eval "
-                         "runs saved with --log_samples.")
-    cmp.add_argument("old", help="old model's run: an lm-eval --output_path directory or a samples_*.jsonl file; "
+    cmp = sub.add_parser("compare", help="Compatibility metrics (negative/positive flips, ...) between two runs: "
+                         "lm-eval --log_samples, Inspect AI logs, lighteval details or JSONL.")
+    cmp.add_argument("old", help="old model's run: an lm-eval --output_path directory or a samples_*.jsonl file, an "
+                     "Inspect AI .eval/.json log or a folder of them (its epochs are replicates), lighteval "
+                     "details_*.parquet, or JSONL as docs/compat.md shows; example:fp32 for the shipped pair; "
                      "RUN1,RUN2,... for replicate runs of the old model (training seeds, repeated sampled "
                      "evaluations): flips are then measured against the noise floor of reruns")
     cmp.add_argument("new", nargs="+", help="new model's run, same form (RUN1,RUN2,... for its replicates); several "
@@ -561,6 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--metric", action="append", metavar="[TASKGLOB:]NAME",
                      help="0/1 per-sample metric for correctness (default: acc, exact_match or em); repeatable as "
                           "TASKGLOB:NAME for a metric per task, e.g. --metric 'gsm8k*:exact_match' --metric '*:acc'")
+    cmp.add_argument("--scorer", metavar="NAME", help="for Inspect AI logs: the scorer whose value is correctness "
+                     "(default: the log's first scorer; C/I, booleans and numbers mapped as Inspect's value_to_float)")
     cmp.add_argument("--tasks", metavar="GLOB[,GLOB...]", help="compare only the tasks matching these globs, e.g. "
                      "'mmlu_*,arc_*'")
     cmp.add_argument("--common-tasks", action="store_true", help="when the runs have different tasks, compare the "

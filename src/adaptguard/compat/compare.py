@@ -15,9 +15,10 @@ from pathlib import Path
 
 from ..plugins import get_similarity
 from .decide import across_tasks, pooled_entry
+from .formats import read_runs
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
 from .replicates import above_chance_p, benjamini_hochberg, chance_rate, items_beyond_noise, replicate_flips
-from .runs import RunError, Sample, TaskRun, read_run
+from .runs import RunError, Sample, TaskRun
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
 
@@ -38,6 +39,8 @@ def check_same_setup(old: TaskRun, new: TaskRun, labels=("old", "new")) -> None:
         raise RunError(f"task {task!r}: different documents ({len(old.samples)} samples in {a}, "
                        f"{len(new.samples)} in {b}; doc_ids only in {a}: {sorted(d for _, d in only_old)[:5]}, "
                        f"only in {b}: {sorted(d for _, d in only_new)[:5]}); was --limit or the dataset different?")
+    if old.format != new.format:  # each format hashes documents its own way: the keys and targets must do
+        return
     for key, s_old in old.samples.items():
         s_new = new.samples[key]
         if s_old.doc_hash and s_new.doc_hash and s_old.doc_hash != s_new.doc_hash:
@@ -49,8 +52,8 @@ def check_same_setup(old: TaskRun, new: TaskRun, labels=("old", "new")) -> None:
 def choose_metric(run: TaskRun, filt: str, requested: str | None) -> str | None:
     """The 0/1 correctness metric of a task: `requested`, else the first of acc/exact_match/em present."""
     samples = [s for (f, _), s in run.samples.items() if f == filt]
-    names = [requested] if requested else [m for m in CORRECTNESS_METRICS
-                                            if m in samples[0].metrics or m in samples[0].other_metrics]
+    names = [requested] if requested else [run.default_metric] if run.default_metric else \
+        [m for m in CORRECTNESS_METRICS if m in samples[0].metrics or m in samples[0].other_metrics]
     for name in names:
         for s in samples:
             if name in s.other_metrics:
@@ -81,11 +84,11 @@ def _references(sample: Sample) -> list[str]:
 
 
 def _flips(old: list[Sample], new: list[Sample], metric: str, n_boot: int, seed: int,
-           output_type: str | None = None, level: float = 0.95) -> dict:
+           output_type: str | None = None, level: float = 0.95, new_metric: str | None = None) -> dict:
     preds = [s.answer for s in old], [s.answer for s in new]
     # a loglikelihood task scores one continuation: there is no answer to disagree on, so no inconsistency_flips
     have = output_type != "loglikelihood" and all(p is not None for p in preds[0] + preds[1])
-    return flip_metrics([s.metrics[metric] for s in old], [s.metrics[metric] for s in new],
+    return flip_metrics([s.metrics[metric] for s in old], [s.metrics[new_metric or metric] for s in new],
                         *(preds if have else (None, None)), n_boot=n_boot, seed=seed, level=level, interval="exact")
 
 
@@ -106,10 +109,12 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
         entry: dict = {"task": old.task, "filter": filt, "output_type": old.output_type or new.output_type}
         name = choose_metric(old, filt, metric)
         if name is not None:
-            choose_metric(new, filt, name)
+            # runs of two formats name their 0/1 metric each its own way (lighteval's acc, a JSONL's correct)
+            new_name = choose_metric(new, filt, name if old.format == new.format or metric else None)
             entry["metric"] = name
-
-            entry.update(_flips(o, n, name, n_boot, seed, entry["output_type"], level))
+            if new_name != name:
+                entry["metric_new"] = new_name
+            entry.update(_flips(o, n, name, n_boot, seed, entry["output_type"], level, new_name))
             if c is not None:
                 choose_metric(compatible, filt, name)
                 compat = _flips(o, c, name, n_boot, seed, entry["output_type"], level)
@@ -133,8 +138,8 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
         if "metric" not in entry and "similarity" not in entry:
             raise RunError(f"task {old.task!r} (filter {filt!r}) has no 0/1 metric ({', '.join(CORRECTNESS_METRICS)})"
                            f"; name one with --metric or score the generations with --similarity NAME")
-        entry["_correct"] = ([s.metrics[entry["metric"]] for s in o], [s.metrics[entry["metric"]] for s in n]) \
-            if "metric" in entry else None
+        entry["_correct"] = ([s.metrics[entry["metric"]] for s in o],
+                             [s.metrics[entry.get("metric_new", entry["metric"])] for s in n]) if "metric" in entry else None
         entry["_samples"] = (o, n)  # for the flipped documents (`flips.flipped_documents`)
         out[filt] = entry
     return out
@@ -279,7 +284,8 @@ def _across_tasks(mine: dict[str, dict], alpha: float) -> dict | None:
 
 def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: str | dict[str, str] | None = None,
                  compatible_path=None, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
-                 include_churn: bool = False, tasks: str | None = None, common_tasks: bool = False) -> dict:
+                 include_churn: bool = False, tasks: str | None = None, common_tasks: bool = False,
+                 scorer: str | None = None) -> dict:
     """Compare two lm-eval runs; returns `{"tasks": {name: metrics}}` (name = task, or `task,filter` for
     tasks logged with several filters).
 
@@ -293,8 +299,10 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
     `alpha`, churn tasks left out unless `include_churn`); `overall[label]` pools the tasks that are not churn;
     `across_tasks[label]` is Kübler et al.'s accuracy verdict over every task. `metric`: one 0/1 metric name, or
     {TASKGLOB: name}; `tasks`: comma-separated globs of the tasks to compare; `common_tasks`: compare the tasks both
-    sides have (else different task sets are refused). `notes` lists what was chosen for the user (the latest of
-    several runs in a folder, tasks left out). Raises `RunError` for anything that does not match."""
+    sides have (else different task sets are refused); `scorer`: the Inspect scorer read as correctness. A side may
+    be any format `formats.read_runs` reads (lm-eval, Inspect, lighteval, JSONL); an Inspect log's epochs are
+    replicate runs. `notes` lists what was chosen for the user (the latest of several runs in a folder, tasks left
+    out). Raises `RunError` for anything that does not match."""
     if similarity is not None:
         get_similarity(similarity)  # unknown name: fail before reading anything
     notes: list[str] = []
@@ -302,20 +310,19 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
     raw = list(new_path) if isinstance(new_path, (list, tuple)) else [new_path]
     candidates = [_side(p) for p in raw]
     _check_runs_distinct(olds, candidates)
-    old = read_run(olds[0], notes)
-    old_replicates = [read_run(p, notes) for p in olds[1:]]
-    compat = read_run(compatible_path, notes) if compatible_path is not None else None
+    old, *old_replicates = [run for p in olds for run in read_runs(p, notes, scorer)]  # Inspect's epochs: replicates
+    compat = read_runs(compatible_path, notes, scorer)[0] if compatible_path is not None else None
     labels = [c[0].name.partition("@")[0] for c in candidates]
     if len(set(labels)) < len(labels):  # runs in folders of the same name: number them instead
         labels = [f"new{i + 1}" for i in range(len(candidates))]
     level = 1 - alpha
-    report_tasks, overall, across = {}, {}, {}
+    report_tasks, overall, across, runs_per_side = {}, {}, {}, []
     for paths, label in zip(candidates, labels):
-        new = read_run(paths[0], notes)
+        new, *new_replicates = [run for p in paths for run in read_runs(p, notes, scorer)]
+        runs_per_side.append(1 + len(new_replicates))
         names = _select_tasks(old, new, olds[0], paths[0], tasks, common_tasks, notes)
         if compat is not None and not set(names) <= set(compat):
             raise RunError(f"the compatible run {compatible_path} lacks tasks {sorted(set(names) - set(compat))}")
-        new_replicates = [read_run(p, notes) for p in paths[1:]]
         mine = {}
         for task in names:
             asked = _metric_for(metric, task)
@@ -325,7 +332,8 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
             for filt, entry in per_filter.items():
                 if "metric" in entry:
                     more_o, samples_o = _replicate_vectors(old_replicates, old, task, filt, entry["metric"])
-                    more_n, samples_n = _replicate_vectors(new_replicates, new, task, filt, entry["metric"])
+                    more_n, samples_n = _replicate_vectors(new_replicates, new, task, filt,
+                                                           entry.get("metric_new", entry["metric"]))
                     o, n = [entry["_correct"][0], *more_o], [entry["_correct"][1], *more_n]
                     entry["replicates"] = replicate_flips(o, n, level=level)
                     entry["_runs"] = (o, n)
@@ -353,7 +361,7 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
     return {"old": str(olds[0]) if len(olds) == 1 else [str(p) for p in olds],
             "new": str(candidates[0][0]) if len(candidates) == 1 and len(candidates[0]) == 1
             else [str(c[0]) if len(c) == 1 else [str(p) for p in c] for c in candidates],
-            "runs": {"old": len(olds), "new": [len(c) for c in candidates]},
+            "runs": {"old": 1 + len(old_replicates), "new": runs_per_side},
             "compatible": None if compatible_path is None else str(compatible_path), "alpha": alpha, "level": level,
             "include_churn": include_churn, "tasks": report_tasks, "overall": overall, "across_tasks": across,
             "notes": list(dict.fromkeys(notes))}

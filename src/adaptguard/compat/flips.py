@@ -66,6 +66,9 @@ def shorten(text, width: int = 120) -> str:
 
 
 def _document(o: Sample, n: Sample, kind: str, records: dict) -> dict:
+    if o.prompt is not None or not o.where.rpartition(":")[2].isdigit():  # kept in memory (Inspect, lighteval, JSONL)
+        return {"doc_id": o.doc_id, "kind": kind, "prompt": o.prompt, "gold": o.target, "old": o.answer,
+                "new": n.answer}
     rec = records.get(o.where)
     if rec is None:
         raise RunError(f"doc_id {o.doc_id}: the sample's line ({o.where or 'in memory'}) cannot be read back")

@@ -34,6 +34,7 @@ class Sample:
     where: str = ""  # file:line (or the in-memory source) for messages
     other_metrics: dict[str, object] = field(default_factory=dict)  # listed metrics that are not numbers
     n_choices: int | None = None  # a multiple-choice item's number of choices (for its chance rate)
+    prompt: str | None = None  # the input, kept in memory by the readers of logs without lines to go back to
 
 
 @dataclass
@@ -43,6 +44,8 @@ class TaskRun:
     samples: dict[tuple[str, int], Sample]
     config: dict = field(default_factory=dict)
     num_fewshot: int | None = None
+    format: str = "lm-eval"  # lm-eval, inspect, lighteval or jsonl (`formats`): hashes are compared within one format
+    default_metric: str | None = None  # the 0/1 metric to read when none is asked for (an Inspect log's scorer)
 
     @property
     def filters(self) -> list[str]:
