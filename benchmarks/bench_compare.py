@@ -7,6 +7,7 @@ compares (memory must grow linearly with the samples: compare the two sizes' `pe
     python benchmarks/bench_compare.py --n 200000 --repeats 5
     python benchmarks/bench_compare.py --large       # also 1,000,000 (two ~0.7 GB files in a temporary folder)
     python benchmarks/bench_compare.py --n 20000 --replicates 1 2 4 8   # runs per side: cost linear in runs
+    python benchmarks/bench_compare.py --inspect --n 5000                 # two Inspect AI logs
 
 The synthetic files have lm-eval 0.4 `--log_samples` records (doc, arguments, 4-way log-likelihood
 responses, hashes, `acc`). Goal (issue 3): a few seconds for 100k.
@@ -60,7 +61,11 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="also 1,000,000 joined samples")
     parser.add_argument("--replicates", type=int, nargs="+", help="time compare with this many runs per side "
                         "(replicates: noise floor, run-level intervals) instead, at --n samples per run")
+    parser.add_argument("--inspect", action="store_true", help="time compare on two Inspect AI logs of --n samples "
+                        "instead, against reading them with inspect_ai's own read_eval_log")
     args = parser.parse_args()
+    if args.inspect:
+        return inspect_logs(args.n, args.repeats)
     if args.replicates:
         return replicates(args.n, args.replicates, args.repeats)
     from adaptguard.compat.compare import compare_runs
@@ -89,7 +94,8 @@ def main() -> None:
         print(f"naive_parse_seconds_median: {statistics.median(t_parse):.3f}")
         print(f"compare_over_parse_ratio: {statistics.median(t_compare) / statistics.median(t_parse):.3f}")
         print(f"peak_rss_mib: {peak:.0f}")
-        print(f"nfr: {entry['nfr']:.4f}  pfr: {entry['pfr']:.4f}  nfr_mc: {entry['nfr_mc']:.4f}")
+        print(f"nfr: {entry['nfr']:.4f}  pfr: {entry['pfr']:.4f}  inconsistency_flips: "
+              f"{entry['inconsistency_flips']:.4f}")
         if args.large:
             old, new = write_run(Path(tmp), 1_000_000, 3, 0.3), write_run(Path(tmp), 1_000_000, 4, 0.25)
             times = []
@@ -123,6 +129,57 @@ def replicates(n: int, counts: list[int], repeats: int) -> None:
             print(f"runs_per_side: {r}  compare_seconds_median: {statistics.median(times):.3f}  "
                   f"seconds_per_run: {statistics.median(times) / (2 * r):.3f}  nfr: {e['nfr']:.4f}  noise_floor: "
                   f"{'–' if floor is None else f'{floor:.4f}'}")
+
+
+def inspect_logs(n: int, repeats: int) -> None:
+    """`compare` on two Inspect AI logs of n samples each (the embedded tiny model's log of one sample, its sample
+    copied n times with its own id and a C/I score, written with inspect_ai's `write_eval_log`), against reading the
+    two logs with inspect_ai's `read_eval_log` alone (the floor any reader of the logs pays)."""
+    from inspect_ai import Task
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.log import read_eval_log, write_eval_log
+    from inspect_ai.scorer import match
+    from inspect_ai.solver import generate
+
+    from adaptguard.compat.compare import compare_runs
+    from adaptguard.models.embedded import embedded_model_path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (template,) = inspect_eval(Task(dataset=[Sample(id="q0", input="the opposite of hot is", target="cold")],
+                                        solver=generate(), scorer=match(), name="bench_inspect"),
+                                   model=f"hf/{embedded_model_path('tiny')}", log_dir=f"{tmp}/t", display="none",
+                                   max_tokens=4, model_args={"device": "cpu"})
+        paths = []
+        for side, seed in (("old", 1), ("new", 2)):
+            rng = np.random.default_rng(seed)
+            log, first = template.model_copy(deep=True), template.samples[0]
+            samples = []
+            for i in range(n):
+                s = first.model_copy(deep=True)
+                s.id = f"q{i}"
+                s.scores["match"].value = "C" if rng.random() < 0.6 else "I"
+                samples.append(s)
+            log.samples = samples
+            paths.append(Path(tmp) / f"{side}.eval")
+            write_eval_log(log, str(paths[-1]))
+        compare_runs(paths[0], paths[1])  # imports, file cache
+        t_compare, t_read = [], []
+        for i in range(repeats):  # alternate A/B
+            for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+                start = time.perf_counter()
+                if which == 0:
+                    report = compare_runs(paths[0], paths[1])
+                    t_compare.append(time.perf_counter() - start)
+                else:
+                    for p in paths:
+                        read_eval_log(str(p))
+                    t_read.append(time.perf_counter() - start)
+        entry = report["tasks"]["bench_inspect"]
+        print(f"inspect_samples: {entry['n']}")
+        print(f"compare_seconds_median: {statistics.median(t_compare):.3f}")
+        print(f"read_eval_log_seconds_median: {statistics.median(t_read):.3f}")
+        print(f"compare_over_read_ratio: {statistics.median(t_compare) / statistics.median(t_read):.3f}")
 
 
 def peak_rss_mib(old: Path, new: Path) -> float:
