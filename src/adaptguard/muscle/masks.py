@@ -41,6 +41,10 @@ def new_only(x: MaskInputs) -> torch.Tensor:
     return torch.zeros_like(x.valid)
 
 
+# masks whose value on a token reads that token alone: the exact loss evaluates those that read the student per chunk
+for _mask in (student_wrong, old_likelier_token, old_correct, old_only, new_only):
+    _mask.per_token = True
+
 MASKS = {"student_wrong": student_wrong, "old_likelier_token": old_likelier_token,
          "old_likelier_sequence": old_likelier_sequence, "old_correct": old_correct,
          "old_only": old_only, "new_only": new_only}
