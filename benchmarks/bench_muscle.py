@@ -78,6 +78,11 @@ def setup(root: Path, args) -> dict:
     Dataset.from_list(rows).save_to_disk(str(root / "data"))
     cache_logits_for_training(LlamaForCausalLM.from_pretrained(root / "v1"), tok, Dataset.from_list(rows),
                               root / "cache", k=args.k, max_length=args.seq + 8)
+    from adaptguard.muscle.trainer import output_head
+
+    cache_logits_for_training(LlamaForCausalLM.from_pretrained(root / "v1"), tok, Dataset.from_list(rows),
+                              root / "vectors", max_length=args.seq + 8, temperature=2.0,
+                              student_head=output_head(LlamaForCausalLM.from_pretrained(root / "v2")))
     return {"rows": rows}
 
 
@@ -101,8 +106,9 @@ def build(variant: str, root: Path, args):
                              peft_config=LoraConfig(r=args.lora_r, target_modules=["q_proj", "v_proj"],
                                                     task_type="CAUSAL_LM"))
     else:
-        extra = {"old_logits_cache": str(root / "cache")} if variant == "cached" else {"old_model": str(root / "v1")}
-        implementation = "logits" if variant == "muscle_logits" else "tiled"
+        extra = {"old_logits_cache": str(root / "cache")} if variant == "cached" else \
+            {"old_logits_cache": str(root / "vectors")} if variant == "exact_cached" else {"old_model": str(root / "v1")}
+        implementation = {"muscle_logits": "logits", "exact": "exact", "exact_cached": "exact"}.get(variant, "tiled")
         compile_loss = {"auto": None, "on": True, "off": False}[args.compile_loss]
         tiles = (None, None) if args.tiles == "auto" else tuple(int(x) for x in args.tiles.split("x"))
         trainer = MUSCLETrainer(model=str(root / "v2"), args=MUSCLEConfig(
@@ -172,7 +178,8 @@ def measure(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         setup(root, args)
-        variants = ["sft", "muscle", "cached"] + (["muscle_logits"] if args.with_logits else [])
+        variants = ["sft", "muscle", "cached", "exact", "exact_cached"] + (["muscle_logits"] if args.with_logits else [])
+        bytes_per_token = cache_bytes_per_token(root / "vectors")
         bundles = {v: build(v, root, args) for v in variants}
         for _ in range(2):
             for b in bundles.values():
@@ -205,6 +212,11 @@ def measure(args) -> dict:
         "sft_step_seconds_median": round(statistics.median(times["sft"]), 4),
         "sft_peak_growth_mib": mib("sft"), "muscle_peak_growth_mib": mib("muscle"),
         "muscle_cached_peak_growth_mib": mib("cached"),
+        "exact_step_time_ratio": round(ratio("exact"), 3),
+        "exact_cached_step_time_ratio": round(ratio("exact_cached"), 3),
+        "exact_peak_memory_ratio": memory("exact"), "exact_cached_peak_memory_ratio": memory("exact_cached"),
+        "exact_cache_bytes_per_token": bytes_per_token, "hidden": args.hidden,
+        **flop_floors(args),
         "muscle_op_ratio": round(ops["muscle"] / ops["sft"], 3),
         "muscle_cached_op_ratio": round(ops["cached"] / ops["sft"], 3), "sft_ops": ops["sft"],
         "v2_base_copies": copies, "rounds": args.steps, "k": args.k, "dtype": "bf16" if args.bf16 else "fp32",
@@ -214,6 +226,38 @@ def measure(args) -> dict:
         result["muscle_logits_step_time_ratio"] = round(ratio("muscle_logits"), 3)
         result["muscle_logits_peak_memory_ratio"] = memory("muscle_logits")
     return result
+
+
+def cache_bytes_per_token(path: Path) -> float:
+    """Bytes of the exact cache's tensors (m, H(q), s·b·q, argmax, label log-prob) per cached token."""
+    from safetensors import safe_open
+
+    total = tokens = 0
+    for shard in path.glob("shard-*.safetensors"):
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if name == "offsets":
+                    tokens += int(t[-1])
+                else:
+                    total += t.numel() * t.element_size()
+    return round(total / tokens, 1)
+
+
+def flop_floors(args) -> dict:
+    """The step's matmul FLOPs against LoRA SFT's, counted from the model's sizes (per token: a backbone forward F_b =
+    2·params, a vocabulary product F_v = 2·H·V; SFT = forward and activation backward, 2 F_b + 2 F_v). The new teacher
+    (v2's adapter) runs online in every MUSCLE variant: + F_b + 2 F_v (its logits, then m = Wᵀq); the old one online
+    adds the same; the exact student pass costs SFT's 2 F_v. The tiled path recomputes every tile in its backward: +3
+    F_v for three models."""
+    h, layers, v = args.hidden, args.layers, args.vocab
+    f_b = 2 * layers * (4 * h * h + 3 * h * 4 * h)
+    f_v = 2 * h * v
+    sft = 2 * f_b + 2 * f_v
+    teacher = f_b + 2 * f_v
+    return {"exact_cached_flop_floor": round((sft + teacher) / sft, 3),
+            "exact_flop_floor": round((sft + 2 * teacher) / sft, 3),
+            "tiled_flop_floor": round((2 * f_b + 2 * f_b + 6 * f_v) / sft, 3)}
 
 
 def tile_label(args) -> str:

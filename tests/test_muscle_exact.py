@@ -151,3 +151,62 @@ def test_what_is_not_reducible_is_refused():
     v = teacher_vectors(h_s.reshape(-1, H)[scored], head, head, y, 2.0)
     with pytest.raises(ValueError, match="reads the student's answer and is not marked per_token"):
         mask_weights(sequence_of_student, labels, scored, v, v, torch.ones(len(y)))
+
+
+# ------------------------------------------------------------------------------ the trainer and the exact cache
+def test_the_exact_cache_gives_the_online_loss_and_is_refused_for_another_head_or_temperature(embedded_path, update,
+                                                                                                tiny_v2_path, tmp_path):
+    """`cache-logits --kind vectors`: v1 read once into m = Wᵀq vectors; MUSCLETrainer's loss from the cache equals the
+    loss with v1 online (float32 vectors: 1e-5; bfloat16, the default: 1e-3), the cache is 2·H + 16 bytes per token
+    in bfloat16, and a cache built at another temperature or for another output layer is refused in one line."""
+    import json
+    import subprocess
+    import sys
+
+    from datasets import Dataset
+    from safetensors import safe_open
+    from test_compat_trainer import compat_args, make_trainer
+    from test_talr_trainer import ROWS
+    from transformers import AutoTokenizer
+
+    from adaptguard import MUSCLETrainer
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    online = make_trainer(embedded_path, update, tmp_path / "online", ce_weight=0.3, mask="old_likelier_token")
+    assert online._exact
+    batch = next(iter(online.get_train_dataloader()))
+    online.model.train()
+    want = online.compute_loss(online.model, dict(batch)).item()
+    for dtype, rel in (("float32", 1e-5), ("bfloat16", 1e-3)):
+        cache = tmp_path / f"cache-{dtype}"
+        proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "cache-logits", "--kind", "vectors",
+                               "--old-model", str(update / "v1_task"), "--tokenizer", str(embedded_path),
+                               "--student-model", str(embedded_path), "--dataset", str(rows), "--out", str(cache),
+                               "--dtype", dtype], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        meta = json.loads((cache / "cache.json").read_text())
+        assert meta["kind"] == "vectors" and meta["temperature"] == 2.0 and meta["rows"] == len(ROWS)
+        with safe_open(str(cache / meta["shards"][0]), framework="pt") as f:
+            m = f.get_tensor("m")
+            assert str(m.dtype) == f"torch.{dtype}" and m.shape[1] == meta["hidden_size"]
+        cached = MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path / f"c-{dtype}", update / "v2_adapter",
+                                                                          old_logits_cache=str(cache), ce_weight=0.3,
+                                                                          mask="old_likelier_token"),
+                               train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+        assert cached.old_model is None and cached._exact
+        cached.model.train()
+        assert cached.compute_loss(cached.model, dict(batch)).item() == pytest.approx(want, rel=rel)
+    hot = MUSCLETrainer(model=str(embedded_path), args=compat_args(tmp_path / "hot", update / "v2_adapter",
+                                                                   old_logits_cache=str(cache), temperature=1.0),
+                        train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    with pytest.raises(ValueError, match="built at temperature 2.0, the training uses 1.0"):
+        hot.compute_loss(hot.model, dict(batch))
+    other = MUSCLETrainer(model=str(tiny_v2_path), args=compat_args(tmp_path / "other", None,  # another base's head
+                                                                    old_logits_cache=str(cache)),
+                          peft_config=__import__("peft").LoraConfig(r=2, target_modules=["q_proj"],
+                                                                    task_type="CAUSAL_LM"),
+                          train_dataset=Dataset.from_list(ROWS), processing_class=tok)
+    with pytest.raises(ValueError, match="built for another output layer"):
+        other.compute_loss(other.model, dict(batch))

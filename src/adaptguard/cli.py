@@ -279,10 +279,28 @@ def _cache_logits(ns: argparse.Namespace) -> int:
 
         old = PeftModel.from_pretrained(old, ns.old_adapter).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(ns.tokenizer or ns.old_model)
+    head = None
+    if ns.kind == "vectors":
+        from .muscle.trainer import output_head
+
+        if not ns.student_model:
+            raise ValueError("--kind vectors: give --student-model, the model to be trained (its output layer W makes "
+                             "the cached m = Wᵀq)")
+        student = resolve_model(ns.student_model)
+        check_local_path(student, "--student-model")
+        head = output_head(AutoModelForCausalLM.from_pretrained(student))
     out = cache_logits_for_training(old, tokenizer, load_any_dataset(ns.dataset, ns.split), ns.out, k=ns.k,
-                                    max_length=ns.max_length, batch_size=ns.batch_size, model_name=ns.old_model)
+                                    max_length=ns.max_length, batch_size=ns.batch_size, model_name=ns.old_model,
+                                    student_head=head, temperature=ns.temperature,
+                                    dtype=torch_dtype(ns.dtype))
     print(out)
     return 0
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
 
 
 def _update(ns: argparse.Namespace) -> int:
@@ -629,6 +647,16 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--k", type=positive_int, default=64, help="top-k log-probabilities kept per token (default 64)")
     cache.add_argument("--max-length", type=positive_int, default=1024, help="must equal the trainer's max_length")
     cache.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass (default 8)")
+    cache.add_argument("--kind", choices=["topk", "vectors"], default="topk",
+                       help="topk: the top-k log-probabilities (approximate, any loss); vectors: the exact cache the "
+                            "default loss reads — per token m = Wᵀq (H numbers) with the student's output layer W, "
+                            "H(q), argmax and label log-probability (needs --student-model and --temperature)")
+    cache.add_argument("--student-model", metavar="MODEL", help="--kind vectors: the model MUSCLETrainer will train (v2's "
+                       "base), whose output layer the vectors are taken with")
+    cache.add_argument("--temperature", type=finite_float, default=2.0, help="--kind vectors: the distillation "
+                       "temperature T of the training (default 2.0, MUSCLEConfig's)")
+    cache.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                       help="--kind vectors: m's storage, 2 or 4 bytes per hidden unit (default bfloat16)")
     cache.set_defaults(func=_cache_logits)
     upd = sub.add_parser("update", help="What a model update (a new base, or v1 quantized) breaks on your task, and "
                          "what gets it back: task adapters on v1 and v2, then MUSCLE and a cross-entropy control — or, "

@@ -75,10 +75,14 @@ class MUSCLEConfig(SFTConfig):
                   "token); 0 without a recipe, 5 with recipe='focal'."},
     )
     loss_implementation: str = field(
-        default="tiled",
-        metadata={"help": "tiled (default): the loss from the three models' last hidden states and LM heads on "
-                  "(token x vocabulary) tiles, never building (batch, length, vocabulary) logits; logits: the "
-                  "models' full logits, then a chunked KL (more memory; for debugging and comparison)."},
+        default="auto",
+        metadata={"help": "auto (default): exact where it applies, else tiled, saying why. exact: the forward KL "
+                  "through each teacher's m = Wᵀq (KL = LSE(z/T) − h·m/T − H(q) with the output layer frozen; "
+                  "adaptguard.muscle.exact): the student's pass costs what cross-entropy does, gradient taken in the "
+                  "forward; not for soft-capped logits, a trained output layer or a top-k cache. tiled: the three "
+                  "models' last hidden states and LM heads on (token x vocabulary) tiles, never building (batch, "
+                  "length, vocabulary) logits; logits: the models' full logits, then a chunked KL (more memory; "
+                  "for debugging and comparison)."},
     )
     kl_chunk_size: int | None = field(
         default=None,
@@ -116,8 +120,9 @@ class MUSCLEConfig(SFTConfig):
         if any(size is not None and size < 1 for size in (self.kl_chunk_size, self.vocab_chunk_size)):
             raise ValueError(f"kl_chunk_size and vocab_chunk_size must be ≥ 1, got {self.kl_chunk_size}, "
                              f"{self.vocab_chunk_size}")
-        if self.loss_implementation not in ("tiled", "logits"):
-            raise ValueError(f"loss_implementation must be 'tiled' or 'logits', got {self.loss_implementation!r}")
+        if self.loss_implementation not in ("auto", "exact", "tiled", "logits"):
+            raise ValueError("loss_implementation must be 'auto', 'exact', 'tiled' or 'logits', got "
+                             f"{self.loss_implementation!r}")
         if self.old_logits_cache is not None and (self.packing or self.padding_free):
             raise ValueError("old_logits_cache identifies rows by their tokens: it cannot be used with packing or "
                              "padding_free")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 import warnings
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 from datasets import IterableDataset
@@ -253,8 +254,15 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         unwrapped = self.accelerator.unwrap_model(self.model)
         self._student_adapter = unwrapped.active_adapter if isinstance(unwrapped, PeftModel) else None
         # Prompt-learning adapters act in PeftModel.forward, which the tiled loss (from the backbone) would skip
-        self._tiled = args.loss_implementation == "tiled" and not is_prompt_learning(unwrapped)
-        if args.loss_implementation == "tiled" and not self._tiled:
+        self._exact = args.loss_implementation in ("auto", "exact") and self._exact_reason(unwrapped) is None
+        if args.loss_implementation == "exact" and not self._exact:
+            raise ValueError(f"loss_implementation='exact': {self._exact_reason(unwrapped)}; use 'auto' or 'tiled'")
+        if args.loss_implementation == "auto" and not self._exact:
+            logger.info(f"MUSCLE: {self._exact_reason(unwrapped)}, so the loss is computed on vocabulary tiles "
+                        "(loss_implementation='tiled')")
+        tiled_asked = args.loss_implementation == "tiled" or (args.loss_implementation != "logits" and not self._exact)
+        self._tiled = tiled_asked and not self._exact and not is_prompt_learning(unwrapped)
+        if tiled_asked and not self._tiled and not self._exact:
             logger.info("MUSCLE: a prompt-learning adapter acts before the backbone, so the loss is computed from "
                         "the models' logits (loss_implementation='logits')")
         self._check_partitioning()
@@ -267,6 +275,32 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
                 self.old_cache.rows_for([row_fingerprint(r["input_ids"], r["labels"]) for r in rows])
         else:
             self.old_model = prepare_frozen_model(old_model, self)
+
+    def _exact_reason(self, unwrapped) -> str | None:
+        """Why the exact loss from teacher vectors (`muscle.exact`) cannot serve this run (None when it can)."""
+        from .exact import check_reducible
+
+        if is_prompt_learning(unwrapped):
+            return "a prompt-learning adapter acts before the backbone"
+        if self.old_cache is not None and self.old_cache.kind != "vectors":
+            return "old_logits_cache holds top-k log-probabilities (an exact cache: adaptguard cache-logits --kind vectors)"
+        reason = check_reducible(output_head(unwrapped), unwrapped.get_output_embeddings().weight.requires_grad)
+        if reason:
+            return reason
+        mask = getattr(self._mask, "mask", self._mask)
+        if getattr(mask, "per_token", False):
+            return None
+        from .exact import _StudentNeeded, _TeachersOnly
+
+        probe = torch.zeros(1, 1, dtype=torch.long)
+        try:
+            mask(_TeachersOnly(labels=probe, valid=probe.bool(), old_top1=probe, new_top1=probe,
+                               old_label_logp=probe.float(), new_label_logp=probe.float()))
+        except _StudentNeeded:
+            return f"mask {self._mask.__name__!r} reads the student's answer across tokens"
+        except Exception:  # noqa: BLE001 - a mask that needs real inputs: decided on the first batch
+            return None
+        return None
 
     def _save(self, output_dir: str | None = None, state_dict=None):
         # the frozen teacher copy is the trainer's, not the user's: a saved model holds the student's adapter only
@@ -371,6 +405,67 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             if self.aux_loss_enabled else None
         return out, aux
 
+    def _exact_loss(self, model, inputs, labels, shifted):
+        """The exact loss from teacher vectors (`muscle.exact`); runs inside the wrapper's forward, as `_tiled_loss`.
+        Returns per-token (B, T) grids: the weighted loss (its sum is the step's loss, gradient inside), the KL mix,
+        m, the student's argmax and entropy, and the cross-entropy's sum."""
+        from .exact import exact_token_loss, mask_weights, stack, teacher_vectors
+        from .masks import old_right_items
+
+        args = self.args
+        valid = shifted != IGNORE_INDEX
+        scored = valid.reshape(-1).nonzero()[:, 0]
+        y = shifted.reshape(-1)[scored]
+        head = output_head(model)
+        at_scored = lambda h: h.reshape(-1, h.shape[-1])[scored]  # noqa: E731
+        new_hidden, new_head = (self._frozen_hidden(self.new_model, inputs) if self.new_teacher == "copy"
+                                else self._live_new_teacher(model, inputs))
+        new = teacher_vectors(at_scored(new_hidden), new_head, head, y, args.temperature, args.kl_chunk_size)
+        if self.old_cache is not None:
+            old = self.cached_old_vectors(inputs, labels, head)
+        else:
+            old_hidden, old_head = self._frozen_hidden(self.old_model, inputs)
+            old = teacher_vectors(at_scored(old_hidden), old_head, head, y, args.temperature, args.kl_chunk_size)
+        student = backbone_outputs(model, {**inputs, **({"output_router_logits": True} if self.aux_loss_enabled
+                                                         else {})})
+        item = torch.full((len(y),), args.distill_weight * args.focal_alpha, device=y.device)
+        if args.focal_beta > 0:  # w_i = α + β·1[v1 right on item i], from v1's argmax on every token of the row
+            grid = torch.zeros(shifted.numel(), dtype=torch.long, device=y.device)
+            grid[scored] = old.top1
+            right = old_right_items(SimpleNamespace(old_top1=grid.view(shifted.shape), labels=shifted, valid=valid))
+            rows = torch.div(scored, shifted.shape[1], rounding_mode="floor")
+            item = args.distill_weight * (args.focal_alpha + args.focal_beta * right[rows].float())
+        weights = mask_weights(getattr(self._mask, "mask", self._mask), shifted, scored, old, new, item)
+        ce = torch.full_like(item, args.ce_weight) if args.ce_weight > 0 else None
+        out = exact_token_loss(at_scored(student.last_hidden_state), head, y, weights, cached=stack([old, new]),
+                               temperature=args.temperature, ce_weight=ce, token_chunk=args.kl_chunk_size)
+        aux = router_aux_loss(model, student.router_logits, inputs.get("attention_mask")) \
+            if self.aux_loss_enabled else None
+        w = out.weights.sum(-1)
+        m = torch.where(w > 0, out.weights[:, 0] / w.clamp(min=1e-30), (item == 0) * 0.0)
+
+        def grid_of(values, dtype=torch.float32):
+            g = torch.zeros(shifted.numel(), dtype=dtype, device=y.device)
+            g[scored] = values.to(dtype)
+            return g.view(shifted.shape)
+
+        # the KL mix without λ·w_i, as the other paths log it (0 where λ·w_i is 0: nothing distils there)
+        kl = torch.where(item > 0, out.kl / item.clamp(min=1e-30), torch.zeros_like(out.kl))
+        return (out.loss.sum(), grid_of(kl), grid_of(m), grid_of(out.student_top1, torch.long),
+                grid_of(out.student_entropy), out.ce.sum()), aux
+
+    def _live_new_teacher(self, model, inputs):
+        with torch.no_grad(), self._as_new_teacher(model) as teacher:
+            return last_hidden_state(teacher, inputs), output_head(teacher)
+
+    def cached_old_vectors(self, model_inputs, labels, head):
+        """The old model's teacher vectors of the batch's scored tokens from an exact cache (rows found by
+        fingerprint), checked against the student's output layer and temperature."""
+        self.old_cache.check_vectors(head, self.args.temperature)
+        mask = model_inputs["attention_mask"].bool()
+        prints = [row_fingerprint(ids[m], lab[m]) for ids, lab, m in zip(model_inputs["input_ids"], labels, mask)]
+        return self.old_cache.vectors_batch(self.old_cache.rows_for(prints), labels)
+
     def _distillation_weights(self, per_token: torch.Tensor) -> torch.Tensor:
         """λ·w_i times each token's KL (B, T): w_i = α + β·1[v1 right on item i] (focal distillation)."""
         args = self.args
@@ -388,7 +483,12 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         shifted = shifted_labels(labels)  # shift the labels, not the (large) logits
         valid = shifted != IGNORE_INDEX
         outputs = None
-        if self._tiled:
+        if self._exact:
+            unwrapped = self.accelerator.unwrap_model(model)
+            with self.accelerator.autocast():
+                (total, per_token, m, student_top1, entropy, ce_sum), aux = self._forward_redirection(
+                    model, unwrapped, self._exact_loss, unwrapped, inputs, labels, shifted)
+        elif self._tiled:
             unwrapped = self.accelerator.unwrap_model(model)
             # accelerate's mixed precision is an autocast around the model's forward, which the redirection
             # replaces and the backbones bypass: without this, bf16=True would train and distil in fp32
@@ -411,9 +511,10 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
                                                        shifted.reshape(-1), ignore_index=IGNORE_INDEX,
                                                        reduction="sum") if args.ce_weight > 0 \
                 else torch.zeros((), device=student.device)
-        total = self._distillation_weights(per_token).sum()
-        if args.ce_weight > 0:
-            total = total + args.ce_weight * ce_sum
+        if not self._exact:  # the exact loss weighs its tokens and adds the cross-entropy itself
+            total = self._distillation_weights(per_token).sum()
+            if args.ce_weight > 0:
+                total = total + args.ce_weight * ce_sum
         loss, steps = self.normalise_token_loss(total, valid.sum(), num_items_in_batch, mode)
         if aux is not None and mode == "train":
             # as SFTTrainer: a per-micro-batch mean, averaged over the accumulation steps when the Trainer leaves
