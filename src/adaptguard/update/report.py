@@ -5,13 +5,22 @@ from __future__ import annotations
 from ..utils.sweeps import format_spread, machine_line
 
 
+def _base(new_base, old_base: str) -> str:
+    """The new base as a reader names it: a model, or the old one quantized by a library."""
+    if isinstance(new_base, str):
+        return new_base
+    q = new_base.get("quantization") or {}
+    return f"{new_base.get('base', old_base)} quantized ({q.get('library', 'quantized')})"
+
+
 def update_markdown(r: dict) -> str:
     def pct(v):
         return "–" if v is None else f"{100 * v:.2f}"
 
     rel = "–" if r["delta_nfr_pct"] is None else f"{r['delta_nfr_pct']:.1f}"
     return "\n".join([
-        "# Model update compatibility (MUSCLE, paper 002)", "",
+        f"# What the update `{r['old_base']}` → `{_base(r['new_base'], r['old_base'])}` breaks, and the compatibility adapter "
+        f"(MUSCLE, mask `{(r.get('config') or {}).get('mask', 'student_wrong')}`)", "",
         f"Old base `{r['old_base']}` → new base `{r['new_base']}`; task adapters trained on {r['n_train']} rows, "
         f"evaluated on {r['n_test']} test rows (exact match of the greedy completion). All rates in %.", "",
         "| M_v1 acc | M_v2 acc | M_v2^C acc | NFR | NFR_c | ΔNFR_c | Δ%NFR_c | PFR | PFR_c | incons. | incons._c |",
@@ -60,7 +69,9 @@ def seeds_markdown(r: dict) -> str:
                f"NFR_c ≤ NFR on {r['nfr_compat_at_most_nfr']}; v2 had no negative flip to remove on "
                f"{r['seeds_without_regressions']}")
     return "\n".join([
-        f"# Model update compatibility (MUSCLE, paper 002) over {n} seeds", "",
+        f"# What the update `{r['config']['old_base']}` → `{_base(r['config']['new_base'], r['config']['old_base'])}` "
+        "breaks, and the compatibility "
+        f"adapter (MUSCLE, mask `{r['config']['mask']}`), over {n} seeds", "",
         f"Mask `{r['config']['mask']}`; seeds {r['seeds']} (each seed: its own run under `seed-<seed>/`). "
         "All rates in %, mean (min–max) over the seeds.", "",
         "| " + " | ".join(names.values()) + " |", "|---" * len(names) + "|",
