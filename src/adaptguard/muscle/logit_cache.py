@@ -218,7 +218,7 @@ def build_vector_cache(model, tokenizer, dataset, data_collator, out_dir: str | 
     its argmax and its label log-probability — with `student_head` the output layer of the model to be trained (the
     cache is refused for any other, or another temperature)."""
     from .exact import check_reducible, teacher_vectors
-    from .trainer import last_hidden_state, output_head
+    from .heads import last_hidden_state, output_head
 
     reason = check_reducible(student_head._replace(weight=student_head.weight.detach()))  # whether it trains: later
     if reason:

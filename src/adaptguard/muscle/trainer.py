@@ -21,12 +21,12 @@ from ..trl_adapter import (
 )
 from ..utils.checks import check_completions, check_tokenizer_fits
 from ..utils.labels import IGNORE_INDEX, shifted_labels
-from ..utils.sharding import full_tensor
 from .config import MUSCLEConfig
+from .heads import backbone_outputs, last_hidden_state, output_head
 from .logit_cache import LogitCache, row_fingerprint
 from .losses import muscle_token_loss_chunked
 from .masks import focal_item_weights
-from .tiled import LMHead, muscle_token_loss_tiled
+from .tiled import muscle_token_loss_tiled
 
 logger = logging.getLogger(__name__)
 
@@ -107,22 +107,6 @@ def match_added_tokens(teacher, student) -> None:
                 mine.bias[size:] = theirs.bias[size:].to(mine.bias)
 
 
-def backbone_outputs(model, inputs: dict):
-    """The model's backbone outputs (`last_hidden_state`: (B, L, H) after the final norm; `router_logits` of an MoE
-    model asked for them); the LM head is not run. A `PeftModel`'s LoRA layers sit inside the backbone, so the
-    active adapter applies (prompt-learning adapters do not: they act in `PeftModel.forward`)."""
-    from peft import PeftModel
-
-    if isinstance(model, PeftModel):
-        model = model.base_model.model
-    return model.base_model(**inputs)
-
-
-def last_hidden_state(model, inputs: dict) -> torch.Tensor:
-    """(B, L, H) hidden states after the final norm (`backbone_outputs`)."""
-    return backbone_outputs(model, inputs).last_hidden_state
-
-
 def router_aux_loss(model, router_logits, attention_mask) -> torch.Tensor:
     """An MoE model's load-balancing loss from its router logits, as SFTTrainer's fused head computes it (Mixtral's
     `load_balancing_loss_func`, which every MoE family of transformers shares)."""
@@ -137,24 +121,6 @@ def is_prompt_learning(model) -> bool:
     from peft import PeftModel
 
     return isinstance(model, PeftModel) and model.peft_config[model.active_adapter].is_prompt_learning
-
-
-def output_head(model) -> LMHead:
-    """The model's LM head as an `LMHead`: its weight and bias, and the config's logit soft-capping and scale (read
-    as TRL's DistillationTrainer reads them). TRL's SFTTrainer refuses a PEFT adapter on the LM head, so the
-    weight is the head's own."""
-    layer = model.get_output_embeddings()
-    # Under FSDP2 a head outside its model's forward is a sharded DTensor: gathered once here (an all-gather; its
-    # backward reduce-scatters), as TRL's DistillationTrainer does. Inside the forward it is already whole.
-    weight, bias = full_tensor(layer.weight), getattr(layer, "bias", None)
-    bias = None if bias is None else full_tensor(bias)
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    scale = getattr(config, "logit_scale", None)
-    if scale is None:
-        scale = getattr(config, "output_multiplier", None) or getattr(config, "lm_head_multiplier", None)
-    if scale is None and getattr(config, "logits_scaling", None) is not None:
-        scale = config.logits_scaling if config.model_type == "hyperclovax" else 1 / config.logits_scaling
-    return LMHead(weight, bias, getattr(config, "final_logit_softcapping", None), 1.0 if scale is None else float(scale))
 
 
 class MUSCLETrainer(SFTBookkeeping, SFTTrainer):

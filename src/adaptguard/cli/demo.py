@@ -1,0 +1,32 @@
+"""`adaptguard demo`: the end-to-end demo on the embedded default model, offline."""
+
+from __future__ import annotations
+
+import argparse
+
+DEMO_EXAMPLE = "example: " + "adaptguard demo --out demo-out"
+
+
+def _demo(ns: argparse.Namespace) -> int:
+    from ..experiments.demo import run_demo
+    from ..utils.sweeps import seed_list
+
+    if ns.seeds is not None:
+        seed_list(ns.seeds)  # a bad --seeds fails before anything is announced or written
+    print(f"adaptguard demo{' (quick)' if ns.quick else ''}: writing {ns.out}/report.md", flush=True)
+    report = run_demo(ns.out, quick=ns.quick, seeds=ns.seeds)
+    print(f"done in {report['seconds']:.0f} s: {ns.out}/report.md, {ns.out}/report.json, {ns.out}/tradeoff.png")
+    return 0
+
+
+def add(sub) -> None:
+    demo = sub.add_parser("demo", epilog=DEMO_EXAMPLE, help="Run the end-to-end demo on the embedded default model (offline).")
+    demo.add_argument("--out", default="demo-out", help="Output directory (default: demo-out).")
+    demo.add_argument("--quick", action="store_true", help="SFT vs TALR at two learning rates only (CI smoke).")
+    demo.add_argument(
+        "--seeds",
+        type=int,
+        help="run every section over seeds 0..N-1 and report mean and min-max "
+        "(default: the trade-off over 2 seeds, the other sections once)",
+    )
+    demo.set_defaults(func=_demo)

@@ -1,0 +1,42 @@
+"""The `adaptguard` command line: one module per command (its arguments, help and run function), put together here."""
+
+from __future__ import annotations
+
+import sys
+
+from . import cache_logits, compare, demo, drift, lm_eval, models, select, update
+from .common import _Parser
+
+
+def build_parser():
+    from .. import __version__
+
+    parser = _Parser(prog="adaptguard", description="Adapt and update LLMs without breaking what already works.")
+    parser.add_argument("--version", action="version", version=f"adaptguard {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in (demo, compare, lm_eval, cache_logits, update, drift, select, models):
+        command.add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..utils.quiet import hide_unused_library_noise
+
+    hide_unused_library_noise()  # e.g. bitsandbytes' kernel download note, said only when a 4-bit model is loaded
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["lm-eval"]:  # pass everything, --help included, to lm-eval itself
+        return _guarded("lm-eval", lambda: lm_eval.run_lm_eval(argv[1:]))
+    ns = build_parser().parse_args(argv)
+    return _guarded(ns.command, lambda: ns.func(ns))
+
+
+def _guarded(command: str, fn) -> int:
+    try:
+        return fn()
+    except (ValueError, OSError, ImportError) as err:  # bad input, file-system errors, a missing extra
+        detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename and err.strerror else str(err)
+        print(f"adaptguard {command}: error: {detail}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"adaptguard {command}: interrupted", file=sys.stderr)
+        return 130
