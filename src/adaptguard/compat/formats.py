@@ -69,8 +69,9 @@ def detect(path: str | Path) -> str:
                         ("jsonl", lambda: next(p.rglob("*.jsonl"), None))):
         if found():
             return kind
-    raise RunError(f"{p}: no run found there (lm-eval samples_*.jsonl, Inspect .eval/.json logs, lighteval "
-                   "details_*.parquet, or *.jsonl in the form of docs/compat.md)")
+    raise RunError(f"{p}: no run found there: no samples_*.jsonl files (run lm_eval with --log_samples "
+                   f"--output_path {p}), Inspect .eval/.json logs, lighteval details_*.parquet, or *.jsonl in the form "
+                   "of docs/compat.md")
 
 
 def _is_inspect_json(path: Path) -> bool:
