@@ -113,3 +113,22 @@ def update(tmp_path_factory, embedded_path):
     AutoTokenizer.from_pretrained(embedded_path).save_pretrained(root / "v1_task")
     make_adapter(embedded_path, root / "v2_adapter", seed=2)
     return root
+
+
+# The fast lane (`pytest -m "not slow"`, README's "Develop"): a test is slow when it uses a fixture that trains or runs
+# lm-eval (shared per session or module, yet seconds to minutes to build), starts processes that train, or runs the
+# real SmolLM2. CI runs every test.
+SLOW_FIXTURES = {"lm_runs", "smollm2_path", "update", "variant_runs", "inspect_logs", "known_flips", "runs", "real_runs"}
+SLOW_MODULES = {"test_real_model", "test_real_update", "test_real_experiments", "test_recipes_vs_control", "test_update",
+                "test_update_pick", "test_update_own_models", "test_sharded", "test_compat_variants", "test_compat_tasks",
+                "test_compose_translation", "test_compose_logic", "test_compose_demo", "test_talr_vs_sft",
+                "test_talr_worked_answers", "test_embedded_and_cli", "test_drift_experiment", "test_selection_experiment",
+                "test_dropin", "test_muscle_modes", "test_compat_trainer", "test_talr_trainer", "test_embedding_plugin"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2]
+        if SLOW_FIXTURES & set(item.fixturenames) or module in SLOW_MODULES or item.get_closest_marker("real"):
+            item.add_marker(pytest.mark.slow)
+
