@@ -8,12 +8,14 @@ DEMO_EXAMPLE = "example: " + "adaptguard demo --out demo-out"
 
 
 def _demo(ns: argparse.Namespace) -> int:
-    from ..experiments.demo import run_demo
-    from ..utils.sweeps import seed_list
-
     if ns.seeds is not None:
+        from ..utils.sweeps import seed_list  # (imports torch: only when there is something to check)
+
         seed_list(ns.seeds)  # a bad --seeds fails before anything is announced or written
+    # said before the heavy imports (torch, transformers, TRL: several seconds on a fresh machine)
     print(f"adaptguard demo{' (quick)' if ns.quick else ''}: writing {ns.out}/report.md", flush=True)
+    from ..experiments.demo import run_demo
+
     report = run_demo(ns.out, quick=ns.quick, seeds=ns.seeds)
     print(f"done in {report['seconds']:.0f} s: {ns.out}/report.md, {ns.out}/report.json, {ns.out}/tradeoff.png")
     return 0
