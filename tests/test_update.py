@@ -23,6 +23,9 @@ def test_update_pipeline_on_embedded_bases(tmp_path, lm_runs, tiny_v2_path):
     report = run_update(cfg)
     out = tmp_path / "out"
     assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
+    # v1 was read once into the exact cache of teacher vectors, which the MUSCLE run trained from (issue 64)
+    (cache,) = (out / "steps").glob("v1_vectors_*/cache/cache.json")
+    assert json.loads(cache.read_text())["kind"] == "vectors" and json.loads(cache.read_text())["dtype"] == "float32"
 
     def answers(base, adapter, merge):
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), out / adapter)

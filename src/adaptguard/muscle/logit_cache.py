@@ -303,11 +303,12 @@ def _build_cache(model, tokenizer, dataset, data_collator, out_dir, entries, met
 def cache_logits_for_training(old_model, tokenizer, train_dataset, out_dir: str | Path, *, k: int = 64,
                               max_length: int | None = 1024, batch_size: int = 8, model_name: str = "",
                               dataset_kwargs: dict | None = None, student_head=None, temperature: float | None = None,
-                              dtype: torch.dtype = torch.bfloat16) -> Path:
+                              dtype: torch.dtype = torch.bfloat16, sft_kwargs: dict | None = None) -> Path:
     """Tokenize `train_dataset` exactly as `MUSCLETrainer`/`SFTTrainer` will (with `tokenizer`, the new
     model's), run the old model over it and write the cache to `out_dir`: its top-k log-probabilities, or, given
     `student_head` (the output layer of the model to be trained, `trainer.output_head`) and `temperature`, the
-    exact cache of teacher vectors (`build_vector_cache`)."""
+    exact cache of teacher vectors (`build_vector_cache`). `sft_kwargs`: the training's other `SFTConfig` fields that
+    shape its rows (e.g. `completion_only_loss`), so that the cache's rows are the trainer's."""
     from trl import SFTConfig, SFTTrainer
 
     vocab = old_model.get_output_embeddings().weight.shape[0]
@@ -323,7 +324,8 @@ def cache_logits_for_training(old_model, tokenizer, train_dataset, out_dir: str 
     with tempfile.TemporaryDirectory() as tmp:
         args = SFTConfig(output_dir=tmp, max_length=max_length, packing=False, bf16=False,
                          **no_activation_checkpointing(), report_to="none", use_cpu=not torch.cuda.is_available(),
-                         dataset_kwargs=dataset_kwargs)
+                         dataset_kwargs=dataset_kwargs, **{k: v for k, v in (sft_kwargs or {}).items()
+                                                           if k not in ("output_dir", "max_length", "packing")})
         preparer = SFTTrainer(model=old_model, args=args, train_dataset=train_dataset, processing_class=tokenizer)
         if student_head is not None:
             return build_vector_cache(old_model, tokenizer, preparer.train_dataset, preparer.data_collator, out_dir,

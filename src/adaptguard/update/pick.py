@@ -113,6 +113,39 @@ class Pick:
             self._v1 = v1_task_model(self.cfg, self.v1_adapter)
         return self._v1
 
+    def v1_vectors(self) -> Path | None:
+        """v1 read once into an exact cache of teacher vectors (`muscle.logit_cache.build_vector_cache`, float32) that
+        every distilling run of every candidate and seed reads instead of running v1 at each step; stored and reused
+        like the other steps. None where the exact loss does not serve (the new base's output layer soft-caps, or the
+        training packs rows, which a cache keyed by rows cannot follow): those runs keep v1 online."""
+        import dataclasses
+
+        import torch
+        from datasets import Dataset
+        from trl import SFTConfig
+
+        from ..models.loading import load_causal_lm
+        from ..muscle.exact import check_reducible
+        from ..muscle.heads import output_head
+        from ..muscle.logit_cache import cache_logits_for_training, head_fingerprint
+
+        cfg = self.cfg
+        if cfg.extra_args.get("packing") or cfg.extra_args.get("padding_free"):
+            return None
+        head = output_head(load_causal_lm(cfg.new_base_path, cfg.new_quantization, use_cpu=cfg.use_cpu))
+        head = head._replace(weight=head.weight.detach(), bias=None if head.bias is None else head.bias.detach())
+        if check_reducible(head):
+            return None
+        sft_fields = {f.name for f in dataclasses.fields(SFTConfig)}
+        key = {"v1": [cfg.old_base, cfg.old_model if cfg.old_is_full_model else None, _adapter_identity(self.v1_adapter)],
+               "train": _digest(self.rows["train"]), "head": head_fingerprint(head), "temperature": cfg.temperature,
+               "max_length": cfg.max_length, "extra_args": cfg.extra_args}
+        step = self.store.get(f"v1_vectors_{_digest(key)}", key, lambda tmp: cache_logits_for_training(
+            self.v1(), self.tok_new, Dataset.from_list(self.rows["train"]), tmp / "cache", max_length=cfg.max_length,
+            student_head=head, temperature=cfg.temperature, dtype=torch.float32,
+            sft_kwargs={k: v for k, v in cfg.extra_args.items() if k in sft_fields}))
+        return step / "cache"
+
     def v2(self):
         from .steps import _v2_task_model
 
@@ -181,9 +214,11 @@ class Pick:
                                   processing_class=self.tok_new, peft_config=peft_config)
         else:
             fields = {"temperature": cfg.temperature, **dict(setting.fields)}
-            trainer = MUSCLETrainer(model=model, args=MUSCLEConfig(**kwargs, recipe=setting.recipe, **fields),
-                                    old_model=self.v1(), old_processing_class=self.tok_old, train_dataset=data,
-                                    processing_class=self.tok_new, peft_config=peft_config)
+            vectors = self.v1_vectors()  # v1 read once for every run; None: v1 runs online
+            teacher = {"old_model": self.v1(), "old_processing_class": self.tok_old} if vectors is None else {}
+            trainer = MUSCLETrainer(model=model, args=MUSCLEConfig(**kwargs, recipe=setting.recipe, **fields, **(
+                {} if vectors is None else {"old_logits_cache": str(vectors)})), train_dataset=data,
+                                    processing_class=self.tok_new, peft_config=peft_config, **teacher)
         trainer.remove_callback(PrinterCallback)
         trainer.add_callback(TrainingProgress(f"update: {setting.label(epochs=False)} seed {seed}"))
         trainer.add_callback(SaveAtEpochs(epochs, tmp, getattr(trainer, "_student_adapter", None)))
