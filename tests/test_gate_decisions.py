@@ -383,7 +383,11 @@ def test_with_replicates_the_page_and_flips_name_items_beyond_rerun_noise(tmp_pa
     proc = _cli("compare", olds, news, "--flips-out", tmp_path / "f.jsonl", "--html", tmp_path / "p.html", "--json",
                 tmp_path / "c.json")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    items = json.loads((tmp_path / "c.json").read_text())["tasks"]["t"]["items"]
+    entry = json.loads((tmp_path / "c.json").read_text())["tasks"]["t"]
+    # one NFR interval per quantity: the run-level one, a rate inside [0, 1]; no item-level one beside it
+    lo, hi = entry["replicates"]["nfr_ci"]
+    assert entry["nfr_ci"] is None and 0 <= lo <= entry["nfr"] <= hi <= 1 and entry["counts_are_means"]
+    items = entry["items"]
     want = items_beyond_noise(old, new, q=0.05)
     assert items["flagged"] == want["flagged"] and any(want["flagged"])
     flips = [json.loads(line) for line in (tmp_path / "f.jsonl").read_text().splitlines()]
