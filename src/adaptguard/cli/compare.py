@@ -87,9 +87,8 @@ def _check_outputs(ns: argparse.Namespace) -> dict[str, str]:
         )
         if path
     }
-    for flag in ("--plot",):
-        if given.get(flag) == "-":
-            raise ValueError(f"{flag} -: a PNG is not written to stdout; give a file path")
+    if given.get("--plot") == "-":
+        raise ValueError("--plot -: a PNG is not written to stdout; give a file path")
     seen: dict[str, str] = {}
     for flag, path in given.items():
         key = path if path == "-" else str(Path(path).resolve())

@@ -38,7 +38,7 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-def _keys_of_one_type(ids: list, where: Path) -> list:
+def _keys_of_one_type(ids: list) -> list:
     """Ids of one task as given (int or str); mixed, as strings (they must sort)."""
     return ids if len({type(i) for i in ids}) <= 1 else [str(i) for i in ids]
 
@@ -143,7 +143,7 @@ def _read_inspect(path: Path, scorer: str | None) -> list[dict[str, TaskRun]]:
     name = scorer or names[0]
     to_float = value_to_float()
     task = log.eval.task.rpartition("/")[2]
-    ids = _keys_of_one_type([s.id for s in samples], path)
+    ids = _keys_of_one_type([s.id for s in samples])
     by_epoch: dict[int, dict] = {}
     for s, key in zip(samples, ids):
         where = f"{path}#{s.id}/epoch{s.epoch}"
@@ -184,7 +184,7 @@ def _read_lighteval(path: Path) -> list[dict[str, TaskRun]]:
                        "model_response, metric as --save-details writes them)")
     stem = path.stem.removeprefix("details_")
     task = stem.rsplit("_", 1)[0] if "_" in stem else stem  # details_<task>_<date>
-    ids = _keys_of_one_type([r["doc"].get("id") or i for i, r in enumerate(rows)], path)
+    ids = _keys_of_one_type([r["doc"].get("id") or i for i, r in enumerate(rows)])
     samples = {}
     for i, (row, key) in enumerate(zip(rows, ids)):
         doc, response, metric = row["doc"], row["model_response"] or {}, row["metric"] or {}

@@ -301,9 +301,8 @@ def plot_quadrants(report: dict, path: Path) -> None:
         if e.get("_correct") is not None:
             # the share of runs right per item on each side (one run: 0/1), so that with replicates each cell is the
             # mean count over every (old run, new run) pair, as the title's NFR and PFR are
-            old, new = (np.asarray(v, dtype=float).reshape(len(v), -1).mean(0) if e.get("counts_are_means")
-                        else np.asarray(v, dtype=float) for v in (e["_runs"] if e.get("counts_are_means")
-                                                                   else e["_correct"]))
+            sides = e["_runs"] if e.get("counts_are_means") else [[run] for run in e["_correct"]]
+            old, new = (np.asarray(runs, dtype=float).mean(0) for runs in sides)  # (R, N) -> (N,)
             grid = np.array([[((1 - old) * new).sum(), (old * new).sum()],
                              [((1 - old) * (1 - new)).sum(), (old * (1 - new)).sum()]])
             labels = [["positive flip", "both right"], ["both wrong", "negative flip"]]
