@@ -113,6 +113,8 @@ def test_a_threshold_the_items_cannot_show_is_undecided_not_passed():
     assert d["decision"] == "undecided" and d["why"].startswith("within")
     assert d["p_within"] == pytest.approx(0.98 ** 18)  # P(0 flips | NFR = 2 %): far from rejecting
     assert "not shown below it" in describe(g) and "gate: UNDECIDED" in describe(g)
+    g = gate({"same": entry(18, 12, 0, 0)}, "acc_drop>2%")  # no item changed: no spread, so no MDE to promise
+    assert g["decisions"][0]["mde"] is None and "0.00% at 80 % power" not in describe(g)
     g = gate({"large": entry(400, 300, 0, 3)}, "nfr>2%")
     assert g["status"] == "clear" and exit_status(g) == 0 and g["decisions"][0]["p_within"] == pytest.approx(0.98 ** 400)
 

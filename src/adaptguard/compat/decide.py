@@ -85,13 +85,14 @@ def mde(entry: dict, metric: str, alpha: float, power: float = 0.8) -> float | N
 
     from .replicates import min_detectable_effect
 
+    # no spread seen (no item changed): nothing to plan from, the MDE is undefined, not 0
     if replicated(entry) and metric in RUN_LEVEL_METRICS:
         _, se, df = _run_level(entry, metric)
-        return min_detectable_effect(se, df, 2 * alpha, power)  # two-sided at 2α = one-sided at α
+        return min_detectable_effect(se, df, 2 * alpha, power) if se > 0 else None  # two-sided at 2α = one-sided α
     if metric == "acc_drop" and not replicated(entry):
         n, d = entry["n"], entry["old_acc"] - entry["new_acc"]
         var = max(0.0, (entry["n_negative_flips"] + entry["n_positive_flips"]) / n - d * d) / n
-        return float((norm.ppf(1 - alpha) + norm.ppf(power)) * math.sqrt(var))
+        return float((norm.ppf(1 - alpha) + norm.ppf(power)) * math.sqrt(var)) if var > 0 else None
     return None
 
 
