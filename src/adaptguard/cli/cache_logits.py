@@ -21,6 +21,10 @@ def _cache_logits(ns: argparse.Namespace) -> int:
     from ..utils.files import check_replaceable
 
     check_replaceable(Path(ns.out), is_logit_cache, "a logit cache", "--out")  # before loading anything
+    if ns.kind == "vectors" and not ns.student_model:
+        raise ValueError(
+            "--kind vectors: give --student-model, the model to be trained (its output layer W makes the cached m = Wᵀq)"
+        )
     from ..models.embedded import resolve_model
 
     ns.old_model, ns.tokenizer = resolve_model(ns.old_model), ns.tokenizer and resolve_model(ns.tokenizer)
@@ -35,12 +39,8 @@ def _cache_logits(ns: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(ns.tokenizer or ns.old_model)
     head = None
     if ns.kind == "vectors":
-        from ..muscle.trainer import output_head
+        from ..muscle.heads import output_head
 
-        if not ns.student_model:
-            raise ValueError(
-                "--kind vectors: give --student-model, the model to be trained (its output layer W makes the cached m = Wᵀq)"
-            )
         student = resolve_model(ns.student_model)
         check_local_path(student, "--student-model")
         head = output_head(AutoModelForCausalLM.from_pretrained(student))
