@@ -9,6 +9,14 @@ against fp32 with adaptguard's flip metrics (paper 002 §3: NFR, PFR, BTC, McNem
     python examples/quantization_flips.py --quick              # 3 tasks x 40 items, int8 (11 min on 2 busy cores)
     python examples/quantization_flips.py --variants int8,bf16 # bf16 too (about 4x slower than fp32 on most CPUs)
     python examples/quantization_flips.py --model Qwen/Qwen2.5-0.5B-Instruct --variants bf16 --limit 1000   # on a GPU
+    python examples/quantization_flips.py --e6                 # E6 (docs/preregistration.md): every scheme, resumable
+    python examples/quantization_flips.py --schemes nf4,int8_bnb --limit 50   # any subset of E6's schemes
+    python examples/quantization_flips.py --e6 --report        # E6's report, recomputed from the committed records
+
+`--schemes` loads each scheme through adaptguard's own quantization config (`models.loading.load_causal_lm`, as
+`adaptguard update`'s `new_base.quantization` takes it) and, besides the comparison, records per scheme the memory of
+its weights, its KL from fp32 on held-out texts and its forward speed; `--records DIR` keeps each finished scheme's
+per-item scores (lm-eval's sample records without the prompt copies) so a killed run resumes at the next scheme.
 
 Writes OUT/report.json, OUT/report.md and OUT/flips.png (one quadrant panel per task and variant), each variant's
 lm-eval samples as a `--log_samples` run under OUT/runs/<variant>/ (the fp32 reference in OUT/runs/reference/, so
@@ -19,10 +27,12 @@ Data: BIG-bench (Apache-2.0), read from the PyPI sdist bigbench==1.0.0 (download
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
@@ -48,23 +58,74 @@ class Args:
     out: str = field(default="quantization-flips-out", metadata={"help": "Output directory."})
     quick: bool = field(default=False, metadata={"help": "3 tasks x 40 items, int8 only (bf16 matmuls are slow on "
                                                          "most CPUs): a smoke run."})
+    schemes: str = field(default="", metadata={"help": "Instead of --variants: quantization schemes a user can pick, "
+                                                    "comma-separated, from " + ", ".join(["fp32"] + [
+                                                        "nf4", "fp4", "int8_bnb", "int8_wo", "int4_wo", "quanto_int8",
+                                                        "quanto_int4", "bf16", "fp16", "int8_dynamic"]) + "."})
+    generated: str = field(default="", metadata={"help": "With --schemes: BIG-bench tasks with generated answers "
+                                                      "(exact match, greedy, 8 new tokens), e.g. arithmetic."})
+    generated_limit: int = field(default=400, metadata={"help": "Items of each --generated task (the first ones)."})
+    floor: bool = field(default=False, metadata={"help": "With --schemes: evaluate fp32 again with batch size 5 on "
+                                                         "one thread first: the evaluation's own noise floor."})
+    kl_texts: int = field(default=0, metadata={"help": "With --schemes: mean per-token KL(fp32 || scheme) on the "
+                                                      "first N logiqa passages of `evals` (held out: not evaluated)."})
+    records: str = field(default="", metadata={"help": "With --schemes: keep each finished scheme's per-item scores "
+                                                      "in DIR/<scheme>/ and skip schemes already there (resume)."})
+    e6: bool = field(default=False, metadata={"help": "E6 as registered: every scheme, six tasks x 400 items plus "
+                                                      "arithmetic, the floor, KL on 200 texts, records in "
+                                                      "docs/results/e6_records."})
+    report: bool = field(default=False, metadata={"help": "With --schemes/--e6: only recompute the report from "
+                                                          "--records."})
 
 
 VARIANTS = ("int8", "bf16", "fp32")  # fp32: a second fp32 run, which must flip nothing (lm-eval scores are deterministic)
 
+# E6's schemes: a quantization library's config as `load_causal_lm` (and `update`'s new_base.quantization) takes it,
+# a dtype cast, or torch's dynamic int8 (§5's scheme). fp32 compute for the 4-bit ones: the comparison is with fp32.
+_TORCHAO = "torchao"
+SCHEMES = {
+    "fp32": {"dtype": "float32"},
+    "nf4": {"library": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_compute_dtype": "float32"},
+    "fp4": {"library": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "fp4",
+            "bnb_4bit_compute_dtype": "float32"},
+    "int8_bnb": {"library": "bitsandbytes", "load_in_8bit": True},
+    "int8_wo": {"library": _TORCHAO, "quant_type": {"_type": "Int8WeightOnlyConfig", "_version": 2, "_data": {}}},
+    "int4_wo": {"library": _TORCHAO, "quant_type": {"_type": "Int4WeightOnlyConfig", "_version": 2,
+                                                    "_data": {"group_size": 64}}},
+    "quanto_int8": {"library": "quanto", "weights": "int8"},
+    "quanto_int4": {"library": "quanto", "weights": "int4"},
+    "bf16": {"dtype": "bfloat16"},
+    "fp16": {"dtype": "float16"},
+    "int8_dynamic": {"dtype": "float32", "dynamic_int8": True},
+}
+LOW_BIT = ("nf4", "fp4", "int4_wo", "quanto_int4")  # ≤ 4.5 bits per weight (H3)
+FLOOR = "fp32_floor"  # fp32 again, batch 5 on one thread
 
-def load_variant(path: str, variant: str):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if variant == "bf16" else torch.float32)
-    if variant == "int8":
+
+def load_scheme(path: str, scheme: str):
+    spec = SCHEMES[scheme]
+    if "library" in spec:
+        from adaptguard.models.loading import load_causal_lm
+
+        return load_causal_lm(path, spec, use_cpu=not torch.cuda.is_available()).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, spec["dtype"]))
+    if spec.get("dynamic_int8"):
         # the decoder's linear layers: weights int8 per tensor, activations quantized on the fly. The LM head stays
         # fp32, as usual (it is tied to the embeddings here, and lm-eval re-ties the weights)
         torch.ao.quantization.quantize_dynamic(model.base_model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-    elif variant not in VARIANTS:
-        raise ValueError(f"--variants: unknown variant {variant!r}; use {', '.join(VARIANTS)}")
     return model.eval()
 
 
+def load_variant(path: str, variant: str):
+    if variant not in VARIANTS:
+        raise ValueError(f"--variants: unknown variant {variant!r}; use {', '.join(VARIANTS)}")
+    return load_scheme(path, "int8_dynamic" if variant == "int8" else variant)
+
+
 def main(args: Args) -> dict:
+    if args.e6 or args.schemes:
+        return run_schemes(args)
     variants = ["int8"] if args.quick else args.variants.split(",")
     for variant in variants:  # fail before any output or the long reference run
         if variant not in VARIANTS:
@@ -141,6 +202,351 @@ def markdown(report: dict) -> str:
               f"Reproduce: `{report['command']}`. Time per variant: "
               + ", ".join(f"{v} {s:.0f} s" for v, s in report["seconds"].items()) + ". " + machine_line(report["machine"]),
               ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# E6 (docs/preregistration.md § E6): every scheme against fp32, with records a later run resumes from
+
+
+E6 = {"tasks": ",".join(DEFAULT_TASKS), "limit": 400, "schemes": ",".join(s for s in SCHEMES if s != "fp32"),
+      "generated": "arithmetic", "generated_limit": 400, "floor": True, "kl_texts": 200,
+      "records": "docs/results/e6_records", "batch_size": 16}
+RECORD_KEYS = ("doc_id", "doc_hash", "prompt_hash", "target_hash", "filter", "metrics", "acc", "acc_norm",
+               "exact_match")
+
+
+def weight_bytes(model) -> int:
+    """Bytes the model's parameters and buffers hold, counted in their stored form: a tensor subclass (torchao,
+    quanto) by its inner tensors, a bitsandbytes parameter with its quantization state; tied tensors once."""
+    seen, total = set(), 0
+
+    def stored(t) -> int:
+        if hasattr(type(t), "__tensor_flatten__") and type(t) not in (torch.Tensor, torch.nn.Parameter):
+            names, _ = t.__tensor_flatten__()
+            return sum(stored(getattr(t, n)) for n in names)
+        return t.numel() * t.element_size()
+
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        total += stored(t)
+        state = getattr(t, "quant_state", None)  # bitsandbytes 4-bit: absmax, code, nested state
+        if state is not None:
+            total += sum(v.numel() * v.element_size() for v in state.as_dict(packed=True).values()
+                         if isinstance(v, torch.Tensor))
+        scb = getattr(t, "SCB", None)  # bitsandbytes LLM.int8: one scale per row
+        if isinstance(scb, torch.Tensor):
+            total += scb.numel() * scb.element_size()
+    for module in model.modules():  # torch's dynamic int8 Linear keeps its weight packed, outside the parameters
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            total += sum(t.numel() * t.element_size() for t in module._weight_bias() if t is not None)
+    return total
+
+
+@torch.no_grad()
+def kl_from_reference(reference, model, tokenizer, texts: list[str], batch: int = 4, max_length: int = 512) -> dict:
+    """Per text, the sum over its tokens of KL(reference ‖ model) of the next-token distributions (teacher-forced)
+    and the number of tokens; and the seconds `model`'s own forward passes took (for tokens per second)."""
+    sums, counts, seconds = [], [], 0.0
+    for start in range(0, len(texts), batch):
+        enc = tokenizer(texts[start:start + batch], return_tensors="pt", padding=True, truncation=True,
+                        max_length=max_length)
+        mask = enc["attention_mask"].bool()
+        ref = reference(**enc).logits.float().log_softmax(-1)
+        tick = time.perf_counter()
+        logits = model(**enc).logits
+        seconds += time.perf_counter() - tick
+        kl = (ref.exp() * (ref - logits.float().log_softmax(-1))).sum(-1)  # (batch, length)
+        sums += kl.masked_fill(~mask, 0).sum(1).tolist()
+        counts += mask.sum(1).tolist()
+    return {"sum": sums, "tokens": counts, "forward_seconds": seconds}
+
+
+def slim_records(output: dict) -> dict[str, str]:
+    """lm-eval's sample records with the per-item fields `compare` reads (ids, hashes, answers, scores), without the
+    copies of the prompt (`doc`, `arguments`, raw `resps`): {task: JSONL text}."""
+    import json
+
+    from lm_eval.utils import handle_non_serializable, sanitize_list
+
+    def slim(r: dict) -> dict:
+        return {**{k: r[k] for k in RECORD_KEYS if k in r}, "target": str(r["target"]),
+                "filtered_resps": sanitize_list(r["filtered_resps"])}
+
+    return {task: "".join(json.dumps(slim(r), default=handle_non_serializable) + "\n" for r in records)
+            for task, records in output["samples"].items()}
+
+
+def library_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("torch", "transformers", "lm_eval", "bitsandbytes", "torchao", "optimum-quanto"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+@contextlib.contextmanager
+def logged(name: str):
+    """The lines logged under `name` while the block runs (besides their usual output)."""
+    import logging
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.extend(record.getMessage().splitlines())
+    logging.getLogger(name).addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logging.getLogger(name).removeHandler(handler)
+
+
+def run_schemes(args: Args) -> dict:
+    """Evaluate fp32 (and its floor rerun) and each scheme, keep each finished one's records, then report."""
+    import dataclasses
+    import json
+    import os
+    import shutil
+
+    from adaptguard.data.bigbench import load_generative_task, write_lm_eval_generative_tasks
+    from adaptguard.utils.files import atomic_write_text
+    from adaptguard.utils.quiet import hide_unused_library_noise
+
+    if args.e6:
+        args = dataclasses.replace(args, **{k: v for k, v in E6.items() if getattr(args, k) == getattr(Args, k)})
+    schemes = [s for s in args.schemes.split(",") if s and s != "fp32"]
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown:
+        raise ValueError(f"--schemes: unknown {', '.join(map(repr, unknown))}; use {', '.join(SCHEMES)}")
+    out = Path(args.out)
+    records = Path(args.records) if args.records else out / "records"
+    order = ["fp32", *([FLOOR] if args.floor else []), *schemes]
+    if args.report:
+        return write_schemes_report(records, order, out, args)
+    hide_unused_library_noise()
+    path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tasks = write_lm_eval_tasks(load_tasks(args.tasks.split(",")), out / "tasks", limit=args.limit)
+    if args.generated:
+        generated = {name: load_generative_task(name) for name in args.generated.split(",")}
+        tasks += write_lm_eval_generative_tasks(generated, out / "tasks", limit=args.generated_limit)
+    texts = []
+    if args.kl_texts:
+        from adaptguard.data.openai_evals import load_set
+
+        texts = [r["input"] for r in load_set("logiqa")[:args.kl_texts]]
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    threads = torch.get_num_threads()
+    for scheme in order:
+        if (records / scheme / "meta.json").exists():
+            print(f"{scheme}: recorded in {records / scheme}, skipped", flush=True)
+            continue
+        meta = {"scheme": scheme, "spec": SCHEMES["fp32" if scheme == FLOOR else scheme], "model": args.model,
+                "batch_size": 5 if scheme == FLOOR else args.batch_size, "threads": 1 if scheme == FLOOR else threads,
+                "machine": machine_info(), "versions": library_versions()}
+        partial = records / f".{scheme}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        try:
+            tick = time.perf_counter()
+            with logged("transformers") as lines:  # transformers reports a failed weight conversion in its log
+                model = reference if scheme in ("fp32", FLOOR) else load_scheme(path, scheme)
+            meta["load_seconds"] = time.perf_counter() - tick
+            torch.set_num_threads(meta["threads"])
+            try:
+                tick = time.perf_counter()
+                output = evaluate_with_lm_eval(model, tokenizer, tasks, batch_size=meta["batch_size"],
+                                               include_path=[out / "tasks"])
+                meta["eval_seconds"] = time.perf_counter() - tick
+            finally:
+                torch.set_num_threads(threads)
+        except Exception as e:  # reported as not runnable here, with its error, never dropped
+            causes = list(dict.fromkeys(line.strip() for line in lines if "Error" in line or "Requires" in line))[:2]
+            meta |= {"runnable": False, "error": "; ".join([f"{type(e).__name__}: {e}", *causes])}
+            print(f"{scheme}: not runnable here: {meta['error'][:300]}", flush=True)
+        else:
+            meta |= {"runnable": True, "weight_bytes": weight_bytes(model),
+                     "accuracy": {t: output["results"][t].get("acc,none", output["results"][t].get(
+                         "exact_match,none")) for t in tasks}}
+            if texts and scheme != FLOOR:
+                kl = kl_from_reference(reference, model, tokenizer, texts)
+                meta["tokens_per_second"] = sum(kl["tokens"]) / kl["forward_seconds"]
+                meta["kl_mean"] = sum(kl["sum"]) / sum(kl["tokens"])
+                atomic_write_text(partial / "kl.json", json.dumps({k: kl[k] for k in ("sum", "tokens")}))
+            for task, text in slim_records(output).items():
+                atomic_write_text(partial / f"samples_{task}_2026-01-01T00-00-00.000000.jsonl", text)
+            save_run(output, out / "runs" / scheme)
+            print(f"{scheme}: " + ", ".join(f"{t} {a:.3f}" for t, a in meta["accuracy"].items())
+                  + f" ({meta['eval_seconds']:.0f} s)", flush=True)
+        atomic_write_text(partial / "meta.json", json.dumps(meta, indent=1))
+        shutil.rmtree(records / scheme, ignore_errors=True)  # a folder without meta.json: an older unfinished copy
+        os.replace(partial, records / scheme)  # the scheme's records appear whole or not at all
+        if meta["runnable"] and scheme != "fp32":
+            runs = out / "runs" if (out / "runs" / "fp32").exists() else records  # resumed: the records' page
+            compared = compare_runs(runs / "fp32", runs / scheme)
+            flips = [{"task": t, **f} for t, e in compared["tasks"].items() for f in flipped_documents(e)]
+            write_outputs(compared, html_path=out / f"report_{scheme}.html", flips=flips)
+    return write_schemes_report(records, order, out, args)
+
+
+def item_scores(folder: Path) -> dict[str, dict[int, float]]:
+    """{task: {doc_id: 0/1 score}} of a records folder (acc for multiple choice, exact_match for generated)."""
+    import json
+
+    scores = {}
+    for file in sorted(folder.glob("samples_*.jsonl")):
+        task = file.name.removeprefix("samples_").rsplit("_", 1)[0]
+        rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        scores[task] = {r["doc_id"]: float(r["acc"] if "acc" in r else r["exact_match"]) for r in rows}
+    return scores
+
+
+def pooled_vectors(ref: dict, new: dict, kept: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """fp32's and a scheme's 0/1 scores over the kept tasks' items, in one fixed order."""
+    keys = [(t, d) for t in kept for d in sorted(ref[t])]
+    return np.array([ref[t][d] for t, d in keys]), np.array([new[t][d] for t, d in keys])
+
+
+def hidden_flips(old: np.ndarray, new: np.ndarray) -> float:
+    """H1's statistic: NFR − |Δ accuracy| (items fp32 had right and the scheme wrong, minus the net change)."""
+    return float(np.mean(old * (1 - new)) - abs(np.mean(new) - np.mean(old)))
+
+
+def write_schemes_report(records: Path, order: list[str], out: Path, args: Args) -> dict:
+    """E6's table and the three registered decisions, from the records alone."""
+    import json
+
+    from scipy.stats import binomtest, spearmanr
+
+    from adaptguard.compat.replicates import benjamini_hochberg
+
+    metas = {s: json.loads((records / s / "meta.json").read_text()) for s in order
+             if (records / s / "meta.json").exists()}
+    if "fp32" not in metas:
+        raise FileNotFoundError(f"{records}/fp32/meta.json: no fp32 reference recorded yet; run without --report")
+    ran = [s for s in order if s != "fp32" and metas.get(s, {}).get("runnable")]
+    ref = item_scores(records / "fp32")
+    first = compare_runs(records / "fp32", records / ran[0]) if ran else {"tasks": {}}
+    churn = sorted(t for t, e in first["tasks"].items() if (e.get("churn") or {}).get("churn"))
+    kept = [t for t in ref if t not in churn]
+    report = {"model": metas["fp32"]["model"], "records": str(records), "kept_tasks": kept, "churn_tasks": churn,
+              "not_runnable": {s: metas[s]["error"] for s in order if s in metas and not metas[s]["runnable"]},
+              "not_run": [s for s in order if s not in metas], "schemes": {},
+              "machine": metas["fp32"]["machine"], "versions": metas["fp32"]["versions"]}
+    vectors, kl_texts = {}, {}
+    for scheme in ran:
+        meta, scores = metas[scheme], item_scores(records / scheme)
+        compared = compare_runs(records / "fp32", records / scheme)
+        old, new = pooled_vectors(ref, scores, kept)
+        vectors[scheme] = new
+        row = {"tasks": {t: {k: e[k] for k in ("n", "old_acc", "new_acc", "nfr", "pfr", "nfr_ci")}
+                         for t, e in compared["tasks"].items()},
+               "pooled": {"n": len(old), "old_acc": float(old.mean()), "new_acc": float(new.mean()),
+                          "nfr": float(np.mean(old * (1 - new))), "pfr": float(np.mean((1 - old) * new))},
+               "across_tasks": compared.get("across_tasks"), "weight_bytes": meta["weight_bytes"],
+               "eval_seconds": meta["eval_seconds"], "tokens_per_second": meta.get("tokens_per_second"),
+               "kl_mean": meta.get("kl_mean")}
+        if scheme != FLOOR and FLOOR in ran:
+            floored = compare_runs([records / "fp32", records / FLOOR], records / scheme)
+            row["excess_nfr"] = {t: (e.get("replicates") or {}).get("excess_nfr") for t, e in floored["tasks"].items()}
+        if (records / scheme / "kl.json").exists():
+            kl_texts[scheme] = json.loads((records / scheme / "kl.json").read_text())
+        report["schemes"][scheme] = row
+    old = pooled_vectors(ref, ref, kept)[0]
+    schemes = [s for s in ran if s != FLOOR]
+    floor_nfr = report["schemes"][FLOOR]["pooled"]["nfr"] if FLOOR in ran else 0.0
+    rng = np.random.default_rng(0)
+    boot_items = rng.integers(0, len(old), size=(10_000, len(old)))
+    # H1: per scheme, NFR − |Δacc| with a percentile bootstrap over items
+    h1 = {}
+    for s in schemes:
+        new = vectors[s]
+        stats = [hidden_flips(old[i], new[i]) for i in boot_items]
+        lo, hi = np.percentile(stats, [2.5, 97.5])
+        h1[s] = {"statistic": hidden_flips(old, new), "ci": [float(lo), float(hi)], "supported": bool(lo > 0),
+                 "above_floor": report["schemes"][s]["pooled"]["nfr"] > floor_nfr}
+    judged = [s for s in schemes if h1[s]["above_floor"]]
+    report["H1"] = {"per_scheme": h1, "floor_pooled_nfr": floor_nfr,
+                    "holds": bool(judged) and all(h1[s]["supported"] for s in judged)}
+    # H2: Spearman's rho of mean KL against pooled NFR, bootstrap over items and texts jointly
+    with_kl = [s for s in schemes if s in kl_texts]
+    if len(with_kl) >= 3:
+        sums = np.array([kl_texts[s]["sum"] for s in with_kl])
+        tokens = np.array(kl_texts[with_kl[0]]["tokens"], dtype=float)
+        nfrs = np.array([np.mean(old * (1 - vectors[s])) for s in with_kl])
+        rho = float(spearmanr(sums.sum(1) / tokens.sum(), nfrs).statistic)
+        boot_texts = rng.integers(0, len(tokens), size=(10_000, len(tokens)))
+        rhos = []
+        for i, j in zip(boot_items, boot_texts):
+            nfr_b = [np.mean(old[i] * (1 - vectors[s][i])) for s in with_kl]
+            rhos.append(spearmanr(sums[:, j].sum(1) / tokens[j].sum(), nfr_b).statistic)
+        lo, hi = np.nanpercentile(rhos, [2.5, 97.5])  # a resample where every NFR ties has no rho: counted, left out
+        report["H2"] = {"schemes": with_kl, "rho": rho, "ci": [float(lo), float(hi)],
+                        "resamples_without_rho": int(np.isnan(rhos).sum()),
+                        "supported": bool(rho >= 0.7 and lo > 0)}
+    else:
+        report["H2"] = {"schemes": with_kl, "rho": None, "supported": None,
+                        "reason": f"{len(with_kl)} schemes with KL; Spearman's rho needs 3 or more"}
+    # H3: the lowest pooled NFR at ≤ 4.5 bits, and whether it flips fewer than each other low-bit scheme
+    low = [s for s in LOW_BIT if s in schemes]
+    if len(low) >= 2:
+        best = min(low, key=lambda s: report["schemes"][s]["pooled"]["nfr"])
+        flips = {s: old * (1 - vectors[s]) for s in low}
+        tests = {}
+        for other in (s for s in low if s != best):
+            b = int(np.sum(flips[best] * (1 - flips[other])))  # best flipped, other did not
+            c = int(np.sum(flips[other] * (1 - flips[best])))
+            tests[other] = {"best_only": b, "other_only": c,
+                            "p": binomtest(b, b + c, 0.5, alternative="less").pvalue if b + c else 1.0}
+        rejected, _ = benjamini_hochberg([t["p"] for t in tests.values()], 0.05)
+        report["H3"] = {"candidates": low, "lowest": best, "tests": tests,
+                        "best": best if all(rejected) else None}
+    else:
+        report["H3"] = {"candidates": low, "best": None, "reason": "fewer than two low-bit schemes ran"}
+    report["command"] = command_line("examples/quantization_flips.py", args) + " --report"
+    out.mkdir(parents=True, exist_ok=True)
+    write_report(out, report, schemes_markdown(report))
+    return report
+
+
+def schemes_markdown(report: dict) -> str:
+    pct = lambda x: "–" if x is None else f"{100 * x:.1f}"  # noqa: E731
+    lines = [f"# E6: flips from quantization, {report['model']} (fp32 reference)", "",
+             f"Kept tasks: {', '.join(report['kept_tasks'])}; churn (fp32 not above chance, reported apart): "
+             f"{', '.join(report['churn_tasks']) or 'none'}. Pooled over the kept tasks' items; % of items.", "",
+             "| scheme | weights MB | fp32 acc | acc | Δacc | NFR | PFR | NFR − abs(Δacc) (95% CI) | mean KL | "
+             "across tasks | tokens/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s, row in report["schemes"].items():
+        p, h = row["pooled"], report["H1"]["per_scheme"].get(s)
+        across = next(iter((row["across_tasks"] or {}).values()), {})
+        verdict = {True: "regression", False: "none shown"}.get(across.get("regression"), "–")
+        hidden = "–" if h is None else f"{pct(h['statistic'])} ({pct(h['ci'][0])} to {pct(h['ci'][1])})"
+        kl = "–" if row["kl_mean"] is None else f"{row['kl_mean']:.4f}"
+        speed = "–" if row["tokens_per_second"] is None else f"{row['tokens_per_second']:.0f}"
+        lines.append(f"| {s} | {row['weight_bytes'] / 1e6:.0f} | {pct(p['old_acc'])} | {pct(p['new_acc'])} | "
+                     f"{pct(p['new_acc'] - p['old_acc'])} | {pct(p['nfr'])} | {pct(p['pfr'])} | {hidden} | {kl} | "
+                     f"{verdict} | {speed} |")
+    for s, error in report["not_runnable"].items():
+        lines.append(f"| {s} | not runnable here: {error[:160]} |||||||||| ")
+    if report["not_run"]:
+        lines += ["", f"Not run (budget): {', '.join(report['not_run'])}."]
+    h1, h2, h3 = report["H1"], report["H2"], report["H3"]
+    lines += ["", f"**H1** (flips hidden by accuracy): {'holds' if h1['holds'] else 'does not hold'} "
+                  f"(the floor's pooled NFR {pct(h1['floor_pooled_nfr'])} %; schemes at or below it judged apart).",
+              "**H2** (KL tracks flips): " + (h2.get("reason") or
+                                              f"ρ = {h2['rho']:.2f} (95 % CI {h2['ci'][0]:.2f} to {h2['ci'][1]:.2f}) "
+                                              f"over {len(h2['schemes'])} schemes: "
+                                              f"{'supported' if h2['supported'] else 'not supported'} (weak evidence "
+                                              "with this few schemes)."),
+              "**H3** (best at ≤ 4.5 bits): " + (h3.get("reason") or
+                                                  (f"{h3['best']}" if h3["best"] else
+                                                   f"no single best (lowest NFR: {h3['lowest']})")), "",
+              f"Reproduce: `{report['command']}`.", ""]
     return "\n".join(lines)
 
 

@@ -36,12 +36,23 @@ def check_quantization(spec: dict, where: str = "quantization") -> None:
 
 
 def quantization_config(spec: dict):
-    """transformers' config object for `spec` (its fields but `library` passed as they are)."""
+    """transformers' config object for `spec` (its fields but `library` passed as they are). torchao's schemes are
+    config objects, so a spec names one as transformers saves it in a model's config.json:
+    `{"library": "torchao", "quant_type": {"_type": "Int8WeightOnlyConfig", "_version": 2, "_data": {}}}` (the
+    `{"default": ...}` wrapper transformers writes is accepted too)."""
     import transformers
 
     check_quantization(spec)
     cls = getattr(transformers, QUANTIZATION_LIBRARIES[spec["library"]][0])
-    return cls(**{k: v for k, v in spec.items() if k != "library"})
+    fields = {k: v for k, v in spec.items() if k != "library"}
+    quant_type = fields.get("quant_type")
+    if spec["library"] == "torchao" and isinstance(quant_type, dict):
+        try:
+            return cls.from_dict({**fields, "quant_type": quant_type if "default" in quant_type
+                                  else {"default": quant_type}})
+        except (ValueError, TypeError, KeyError, AssertionError) as e:
+            raise ValueError(f"quantization.quant_type: torchao cannot build {quant_type!r}: {e}") from e
+    return cls(**fields)
 
 
 def load_causal_lm(path: str, quantization: dict | None = None, *, use_cpu: bool = False):

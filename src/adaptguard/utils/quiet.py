@@ -7,6 +7,10 @@ that does load a 4-bit model says once what it means for the user (`note_4bit_ke
 
 PEFT (0.21) and TRL read transformers' deprecated `is_gradient_checkpointing` when they wrap a model: a warning
 about those libraries that nobody running a command or an experiment can act on.
+
+torchao (0.18) logs, on import, one "Failed to load …so" line per CUDA kernel library its wheel ships when the
+machine cannot load it (a CPU-only torch), and torch warns that torchao registers an enum the old way: neither says
+anything about the CPU paths a user of a torchao scheme runs here.
 """
 
 from __future__ import annotations
@@ -32,11 +36,15 @@ class _HideMessage(logging.Filter):
 
 BNB_CPU_KERNEL = _HideMessage("Failed to load CPU gemm_4bit_forward from kernels-community")
 BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
+TORCHAO_KERNELS = _HideMessage("Failed to load ")  # only on torchao's own logger: its optional CUDA kernels
+TORCH_PYTREE_ENUM = _HideMessage("<enum 'KernelPreference'> is an Enum subclass")  # torchao's registration
 
 
 def hide_unused_library_noise() -> None:
     """Install the filters (idempotent: `addFilter` adds a filter once, `filterwarnings` moves an equal one first)."""
     logging.getLogger(BNB_CPU_LOGGER).addFilter(BNB_CPU_KERNEL)
+    logging.getLogger("torchao").addFilter(TORCHAO_KERNELS)
+    logging.getLogger("torch.utils._pytree").addFilter(TORCH_PYTREE_ENUM)
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
