@@ -113,6 +113,7 @@ def build(variant: str, root: Path, args):
         tiles = (None, None) if args.tiles == "auto" else tuple(int(x) for x in args.tiles.split("x"))
         trainer = MUSCLETrainer(model=str(root / "v2"), args=MUSCLEConfig(
             new_adapter=str(root / "v2_adapter"), loss_implementation=implementation, compile_loss=compile_loss,
+            lse_kernel=args.lse_kernel if implementation == "exact" else "auto", mask=args.mask,
             kl_chunk_size=tiles[0], vocab_chunk_size=tiles[1], **extra, **common), train_dataset=data,
             processing_class=tok)
     # as train() does: accelerate wraps the model's forward in autocast for --bf16 (the Trainer's own autocast
@@ -194,7 +195,8 @@ def measure(args) -> dict:
         peaks = {v: [] for v in variants}
         cmd = [sys.executable, __file__, *[f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
                                          ("vocab", "seq", "batch", "hidden", "layers", "lora_r", "k", "device",
-                                          "compile_loss", "tiles")], *(["--bf16"] if args.bf16 else [])]
+                                          "compile_loss", "tiles", "lse_kernel")], *(["--mask", args.mask] if args.mask
+                                                                                    else []), *(["--bf16"] if args.bf16 else [])]
         for i in range(args.memory_repeats):
             for v in (variants if i % 2 == 0 else variants[::-1]):
                 out = subprocess.run([*cmd, "--_child", v, str(root)], capture_output=True, text=True, check=True,
@@ -221,6 +223,7 @@ def measure(args) -> dict:
         "muscle_cached_op_ratio": round(ops["cached"] / ops["sft"], 3), "sft_ops": ops["sft"],
         "v2_base_copies": copies, "rounds": args.steps, "k": args.k, "dtype": "bf16" if args.bf16 else "fp32",
         "device": args.device, "compile_loss": args.compile_loss, "tiles": tile_label(args),
+        "mask": args.mask or "student_wrong", "lse_kernel": args.lse_kernel,
     }
     if args.with_logits:
         result["muscle_logits_step_time_ratio"] = round(ratio("muscle_logits"), 3)
@@ -286,6 +289,10 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--compile-loss", choices=["auto", "on", "off"], default="auto",
                         help="MUSCLEConfig.compile_loss: auto (on CUDA only), on, off")
+    parser.add_argument("--mask", default=None, help="MUSCLE's mask (default: the config's, student_wrong); a mask "
+                        "that reads only the teachers (old_likelier_token) lets the exact rows use the LSE kernel")
+    parser.add_argument("--lse-kernel", choices=["auto", "torch", "cut_cross_entropy"], default="auto",
+                        help="the exact rows' student log-sum-exp (MUSCLEConfig.lse_kernel)")
     parser.add_argument("--tiles", default="auto",
                         help="the tiled loss's tile: auto (muscle.tiled.tile_sizes: fixed on CPU, from free memory "
                              "on a GPU) or TOKENSxVOCAB, e.g. 1024x8192")

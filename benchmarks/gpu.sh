@@ -41,6 +41,17 @@ for dtype in fp32 bf16; do
     python3 benchmarks/bench_muscle.py "${muscle[@]}" --device "$device" $flag --with-logits \
         2>&1 | tee "$out/muscle_$dtype.txt" || status=1
 done
+# the exact rows with the student's log-sum-exp from cut-cross-entropy (a mask that reads only the teachers), against
+# the same mask on the chunked torch path: the kernel's own ratio to SFT
+if python3 -c "import cut_cross_entropy" 2>/dev/null; then
+    for dtype in bf16 fp32; do
+        flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
+        for kernel in cut_cross_entropy torch; do
+            python3 benchmarks/bench_muscle.py "${muscle[@]}" --device "$device" $flag --mask old_likelier_token \
+                --lse-kernel "$kernel" 2>&1 | tee "$out/muscle_${dtype}_lse_${kernel}.txt" || status=1
+        done
+    done
+fi
 for dtype in fp32 bf16; do
     flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
     python3 benchmarks/bench_talr.py "${talr[@]}" --device "$device" $flag \

@@ -406,3 +406,35 @@ def test_compute_metrics_gets_the_students_logits_with_the_tiled_loss(embedded_p
     assert with_metrics["eval_next_token_acc"] == pytest.approx(expected)
     trainer.compute_metrics = trainer.preprocess_logits_for_metrics = None
     assert trainer.evaluate()["eval_loss"] == pytest.approx(with_metrics["eval_loss"], rel=1e-6)
+
+
+def test_cut_cross_entropy_kernel_path_gives_the_torch_path_loss_and_gradients(embedded_path, update, tmp_path,
+                                                                                monkeypatch):
+    """lse_kernel='cut_cross_entropy' (its reference implementation on this CPU, torch.compile off) and 'torch': the
+    same loss and the same gradient on every trainable parameter; a mask that reads the student is refused with the
+    reason."""
+    pytest.importorskip("cut_cross_entropy")
+    import cut_cross_entropy.torch_compile as reference_impl
+
+    monkeypatch.setattr(reference_impl, "torch_compile_linear_cross_entropy_apply",
+                        reference_impl.torch_compile_linear_cross_entropy_apply.__wrapped__)
+    results = []
+    for kernel in ("torch", "cut_cross_entropy"):
+        trainer = make_trainer(embedded_path, update, tmp_path / kernel, temperature=2.0, ce_weight=0.5,
+                               mask="old_likelier_token", loss_implementation="exact", lse_kernel=kernel)
+        torch.manual_seed(0)
+        loss, batch = first_batch_loss_of_a_moved_student(trainer)
+        trainer.compute_loss(trainer.model, dict(batch)).backward()
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        results.append((loss, grads, trainer._metrics["train"]))
+    (loss_t, grads_t, metrics_t), (loss_k, grads_k, metrics_k) = results
+    assert loss_k == pytest.approx(loss_t, rel=1e-5)
+    assert set(grads_k) == set(grads_t) and grads_t
+    for n in grads_t:
+        torch.testing.assert_close(grads_k[n], grads_t[n], rtol=1e-4, atol=1e-6, msg=n)
+    assert metrics_k["compat/kl"][-1] == pytest.approx(metrics_t["compat/kl"][-1], rel=1e-5)
+    assert "mean_token_accuracy" in metrics_t and "mean_token_accuracy" not in metrics_k  # no logits to read it from
+    trainer = make_trainer(embedded_path, update, tmp_path / "refused", mask="student_wrong",
+                           loss_implementation="exact", lse_kernel="cut_cross_entropy")
+    with pytest.raises(ValueError, match="lse_kernel='cut_cross_entropy': the mask reads the student's answer"):
+        first_batch_loss_of_a_moved_student(trainer)

@@ -210,3 +210,54 @@ def test_the_exact_cache_gives_the_online_loss_and_is_refused_for_another_head_o
                           train_dataset=Dataset.from_list(ROWS), processing_class=tok)
     with pytest.raises(ValueError, match="built for another output layer"):
         other.compute_loss(other.model, dict(batch))
+
+
+def kernel_inputs(mask, head, old_head, labels, h_s, h_old, h_new, temperature, item_weight):
+    scored = (labels.reshape(-1) != -100).nonzero()[:, 0]
+    y = labels.reshape(-1)[scored]
+    ho, hn = h_old.reshape(-1, H)[scored], h_new.reshape(-1, H)[scored]
+    old, new = teacher_vectors(ho, old_head, head, y, temperature), teacher_vectors(hn, head, head, y, temperature)
+    weights = mask_weights(mask, labels, scored, old, new, item_weight.reshape(-1)[scored])
+    return scored, y, weights, stack([old, new])
+
+
+@pytest.mark.parametrize("mask_name", sorted(set(MASKS) - {"student_wrong"}))
+def test_cut_cross_entropy_path_equals_the_dense_reference(mask_name, monkeypatch):
+    """The kernel path (cut-cross-entropy's own reference implementation, as on a machine without CUDA; torch.compile
+    off) gives the dense reference's value and gradient: LSE from a hard-label cross-entropy plus z_y is exact."""
+    pytest.importorskip("cut_cross_entropy")
+    from adaptguard.muscle.exact import kernel_token_loss, lse_kernel_reason
+
+    import cut_cross_entropy.torch_compile as reference_impl
+
+    # torch.compile off: the reference implementation's own function, run eagerly
+    monkeypatch.setattr(reference_impl, "torch_compile_linear_cross_entropy_apply",
+                        reference_impl.torch_compile_linear_cross_entropy_apply.__wrapped__)
+    head, old_head, labels, h_s, h_old, h_new = setup(seed=11, scale=0.8)
+    mask, item = MASKS[mask_name], torch.full((B, T), 0.5)
+    for temperature, ce_weight in ((2.0, 1.0), (1.0, 0.3), (3.0, 0.0)):
+        h1, h2 = h_s.clone().requires_grad_(), h_s.clone().requires_grad_()
+        want, _ = reference(mask, head, old_head, labels, h1, h_old, h_new, temperature, ce_weight, item)
+        want.backward()
+        scored, y, weights, cached = kernel_inputs(mask, head, old_head, labels, h_s, h_old, h_new, temperature, item)
+        assert not weights.reads_student and lse_kernel_reason(head, weights.reads_student) is None
+        ce = torch.full((len(y),), ce_weight) if ce_weight else None
+        loss, kl, ce_part = kernel_token_loss(h2.reshape(-1, H)[scored], head, y, weights(torch.arange(len(y)), None),
+                                              cached, temperature=temperature, ce_weight=ce)
+        loss.sum().backward()
+        assert loss.sum().item() == pytest.approx(want.item(), rel=1e-5, abs=1e-5)
+        torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-6)
+        assert (ce_part > 0).all() if ce_weight else (ce_part == 0).all()
+
+
+def test_cut_cross_entropy_path_refuses_what_it_cannot_serve():
+    pytest.importorskip("cut_cross_entropy")
+    from adaptguard.muscle.exact import lse_kernel_reason
+
+    head, *_ = setup(bias=True)
+    assert "bias" in lse_kernel_reason(head, False)
+    assert "student's answer" in lse_kernel_reason(LMHead(head.weight, None, None, 1.0), True)
+    head, old_head, labels, h_s, h_old, h_new = setup()
+    *_, weights, _ = kernel_inputs(MASKS["student_wrong"], head, old_head, labels, h_s, h_old, h_new, 2.0,
+                                   torch.ones(B, T))
+    assert weights.reads_student

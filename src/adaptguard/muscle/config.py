@@ -84,6 +84,15 @@ class MUSCLEConfig(SFTConfig):
                   "length, vocabulary) logits; logits: the models' full logits, then a chunked KL (more memory; "
                   "for debugging and comparison)."},
     )
+    lse_kernel: str = field(
+        default="auto",
+        metadata={"help": "The exact loss's student log-sum-exp. auto (default): Apple's cut-cross-entropy kernel on "
+                  "a GPU where it is installed (pip install cut-cross-entropy) and the run allows it (no output-layer "
+                  "bias, a mask that reads only the teachers), else torch. cut_cross_entropy: that kernel or an error "
+                  "saying why not (on a CPU its reference implementation). torch: chunks of tokens with the whole "
+                  "vocabulary, everywhere; SFTTrainer's entropy and token-accuracy metrics are logged only on this "
+                  "path (the kernel builds no logits to read them from)."},
+    )
     kl_chunk_size: int | None = field(
         default=None,
         metadata={"help": "Scored tokens per chunk (tile height) of the loss computation. None: chosen per step "
@@ -123,6 +132,8 @@ class MUSCLEConfig(SFTConfig):
         if self.loss_implementation not in ("auto", "exact", "tiled", "logits"):
             raise ValueError("loss_implementation must be 'auto', 'exact', 'tiled' or 'logits', got "
                              f"{self.loss_implementation!r}")
+        if self.lse_kernel not in ("auto", "torch", "cut_cross_entropy"):
+            raise ValueError(f"lse_kernel must be 'auto', 'torch' or 'cut_cross_entropy', got {self.lse_kernel!r}")
         if self.old_logits_cache is not None and (self.packing or self.padding_free):
             raise ValueError("old_logits_cache identifies rows by their tokens: it cannot be used with packing or "
                              "padding_free")

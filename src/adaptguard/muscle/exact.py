@@ -14,6 +14,11 @@ chunk of tokens with the whole vocabulary, the value and the gradient together (
 vocabulary products per token as SFT's cross-entropy; a teacher given online (hidden states) adds its logits and is
 mixed in logit space (one more product each). Masks that read the student's own answer take it from the same pass.
 
+`kernel_token_loss` is the same loss with the student's log-sum-exp taken by Apple's cut-cross-entropy kernel (CUDA,
+`pip install cut-cross-entropy`), which never builds the logits: LSE(z/T) = CE(h/T, y) + z_y/T for any index y, so a
+kernel for hard-label cross-entropy gives the soft-target loss exactly (its gradient filter off), with the gradient
+from the kernel's own backward. It serves heads without a bias and masks that read only the teachers.
+
 Not reducible this way (they keep `tiled`): soft-capped logits (Gemma-2's tanh), a trained output layer, reverse KL
 and JSD. Pure torch. N = scored tokens, H = hidden size, V = vocabulary.
 """
@@ -226,6 +231,57 @@ def exact_token_loss(hidden: torch.Tensor, head: LMHead, labels: torch.Tensor, w
                                          hidden.requires_grad))
 
 
+def lse_kernel_reason(head: LMHead, reads_student: bool) -> str | None:
+    """Why `kernel_token_loss` cannot serve this run (None when it can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("cut_cross_entropy") is None:
+        return "cut-cross-entropy is not installed (pip install cut-cross-entropy)"
+    if head.bias is not None:
+        return "the output layer has a bias (the kernel takes a weight only)"
+    if reads_student:
+        return "the mask reads the student's answer (the kernel returns no logits to read it from)"
+    return None
+
+
+def kernel_token_loss(hidden: torch.Tensor, head: LMHead, labels: torch.Tensor, weights: torch.Tensor,
+                      cached: TeacherVectors, *, temperature: float = 2.0, ce_weight: torch.Tensor | None = None,
+                      impl: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`exact_token_loss`'s value with the student's log-sum-exp from cut-cross-entropy (never the (N, V) logits):
+    LSE(s·W h / T) = CE(s·h/T, y) + s·h·W[y] / T, for the labels y (any index would do), gradient filter off.
+
+    Args:
+        hidden: (N, H) the student's hidden states at the scored tokens; `labels`: (N,) their labels (no −100).
+        head: a frozen output layer without bias or soft-capping (`lse_kernel_reason`).
+        weights: (N, J) the teachers' weights a_j; `cached`: their vectors, m (N, J, H), the rest (N, J).
+        impl: cut-cross-entropy's implementation: "cce" (its Triton kernel, CUDA; the default on a GPU) or
+            "torch_compile" (its reference, any device; the default elsewhere).
+    Returns: (loss, kl, ce), each (N,) float32; `loss` = kl + ce_weight·ce carries the gradient (autograd through the
+        kernel's backward); `ce` is 0 without `ce_weight`.
+    """
+    from cut_cross_entropy import linear_cross_entropy
+
+    impl = impl or ("cce" if hidden.is_cuda else "torch_compile")
+    weight, wide = head.weight.detach(), _wide(hidden.dtype)
+    exact = {"filter_eps": None} if impl == "cce" else {}  # the kernel's default drops small gradient entries
+
+    def lse(factor: float) -> torch.Tensor:  # LSE(factor·W h) per row
+        e = hidden * factor
+        ce = linear_cross_entropy(e, weight, labels, reduction="none", impl=impl, **exact).to(wide)
+        return ce + (e.to(wide) * weight[labels].to(wide)).sum(-1)
+
+    lse_t = lse(head.scale / temperature)
+    w = weights.to(wide)
+    target = (w[:, :, None] * cached.m.to(wide)).sum(1)  # (N, H)
+    kl = w.sum(-1) * lse_t - ((hidden.to(wide) * target).sum(-1) + (w * cached.bias_dot).sum(-1)) \
+        / temperature - (w * cached.entropy).sum(-1)
+    if ce_weight is None:
+        return kl, kl.detach(), torch.zeros_like(kl).detach()
+    lse_1 = lse_t if temperature == 1 else lse(head.scale)
+    ce = lse_1 - head.scale * (hidden.to(wide) * weight[labels].to(wide)).sum(-1)
+    return kl + ce_weight.to(wide) * ce, kl.detach(), ce.detach()
+
+
 def stack(vectors: list[TeacherVectors]) -> TeacherVectors:
     """Several teachers' vectors on the same tokens as one `TeacherVectors` with a teacher dimension: m (N, J, H),
     the others (N, J)."""
@@ -307,4 +363,5 @@ def mask_weights(mask, labels: torch.Tensor, scored: torch.Tensor, old: TeacherV
         w = item_weight[rows]
         return torch.stack([w * mc, w * (1 - mc)], 1)
 
+    weights.reads_student = m is None
     return weights

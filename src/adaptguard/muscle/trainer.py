@@ -375,7 +375,7 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         """The exact loss from teacher vectors (`muscle.exact`); runs inside the wrapper's forward, as `_tiled_loss`.
         Returns per-token (B, T) grids: the weighted loss (its sum is the step's loss, gradient inside), the KL mix,
         m, the student's argmax and entropy, and the cross-entropy's sum."""
-        from .exact import exact_token_loss, mask_weights, stack, teacher_vectors
+        from .exact import exact_token_loss, kernel_token_loss, lse_kernel_reason, mask_weights, stack, teacher_vectors
         from .masks import old_right_items
 
         args = self.args
@@ -403,14 +403,28 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             item = args.distill_weight * (args.focal_alpha + args.focal_beta * right[rows].float())
         weights = mask_weights(getattr(self._mask, "mask", self._mask), shifted, scored, old, new, item)
         ce = torch.full_like(item, args.ce_weight) if args.ce_weight > 0 else None
-        out = exact_token_loss(at_scored(student.last_hidden_state), head, y, weights, cached=stack([old, new]),
-                               temperature=args.temperature, ce_weight=ce, token_chunk=args.kl_chunk_size)
+        hidden = at_scored(student.last_hidden_state)
+        kernel_reason = lse_kernel_reason(head, weights.reads_student)
+        if args.lse_kernel == "cut_cross_entropy" and kernel_reason:
+            raise ValueError(f"lse_kernel='cut_cross_entropy': {kernel_reason}; use lse_kernel='torch' or 'auto'")
+        if args.lse_kernel == "cut_cross_entropy" or (args.lse_kernel == "auto" and hidden.is_cuda
+                                                      and kernel_reason is None):
+            all_weights = weights(torch.arange(len(y), device=y.device), None)
+            loss, kl_mix, ce_part = kernel_token_loss(hidden, head, y, all_weights, stack([old, new]),
+                                                      temperature=args.temperature, ce_weight=ce)
+            out = SimpleNamespace(loss=loss, kl=kl_mix, ce=ce_part, weights=all_weights, student_top1=None,
+                                  student_entropy=None)
+        else:
+            out = exact_token_loss(hidden, head, y, weights, cached=stack([old, new]), temperature=args.temperature,
+                                   ce_weight=ce, token_chunk=args.kl_chunk_size)
         aux = router_aux_loss(model, student.router_logits, inputs.get("attention_mask")) \
             if self.aux_loss_enabled else None
         w = out.weights.sum(-1)
         m = torch.where(w > 0, out.weights[:, 0] / w.clamp(min=1e-30), (item == 0) * 0.0)
 
         def grid_of(values, dtype=torch.float32):
+            if values is None:  # the kernel path: no student logits were built to read it from
+                return None
             g = torch.zeros(shifted.numel(), dtype=dtype, device=y.device)
             g[scored] = values.to(dtype)
             return g.view(shifted.shape)
@@ -490,14 +504,16 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         self.check_finite(loss, mode)
 
         with torch.no_grad():
-            correct = (student_top1 == shifted) & valid
+            read_student = student_top1 is not None  # not on the kernel path (no logits built)
+            correct = (student_top1 == shifted) & valid if read_student else torch.zeros_like(valid)
+            entropy = entropy if read_student else torch.zeros(1, device=valid.device)
             sums = torch.stack([valid.sum().float(), m.sum().float(), correct.sum().float(),
                                 per_token.detach().sum().float(), ce_sum.detach().float(), entropy.sum().float()])
             gathered = self.accelerator.gather_for_metrics(sums[None]).sum(0).tolist()
             count, aligned_old, right, kl_sum, ce_total, entropy_sum = gathered
-        # SFTTrainer's metrics, as its compute_loss logs them (0 for a batch without supervised tokens)
-        self.log_metric(mode, "entropy", entropy_sum / count if count else 0.0)
-        self.log_metric(mode, "mean_token_accuracy", right / count if count else 0.0)
+        if read_student:  # SFTTrainer's metrics, as its compute_loss logs them (0 for a batch without supervised tokens)
+            self.log_metric(mode, "entropy", entropy_sum / count if count else 0.0)
+            self.log_metric(mode, "mean_token_accuracy", right / count if count else 0.0)
         if count:
             self.log_metric(mode, "compat/frac_aligned_old", aligned_old / count)
             self.log_metric(mode, "compat/kl", kl_sum / count)
