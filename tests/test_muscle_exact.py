@@ -226,9 +226,9 @@ def test_cut_cross_entropy_path_equals_the_dense_reference(mask_name, monkeypatc
     """The kernel path (cut-cross-entropy's own reference implementation, as on a machine without CUDA; torch.compile
     off) gives the dense reference's value and gradient: LSE from a hard-label cross-entropy plus z_y is exact."""
     pytest.importorskip("cut_cross_entropy")
-    from adaptguard.muscle.exact import kernel_token_loss, lse_kernel_reason
-
     import cut_cross_entropy.torch_compile as reference_impl
+
+    from adaptguard.muscle.exact import kernel_token_loss, lse_kernel_reason
 
     # torch.compile off: the reference implementation's own function, run eagerly
     monkeypatch.setattr(reference_impl, "torch_compile_linear_cross_entropy_apply",
