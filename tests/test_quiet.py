@@ -93,3 +93,20 @@ def test_transformers_deprecation_read_by_peft_is_hidden_and_other_warnings_are_
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "is_gradient_checkpointing" not in proc.stderr and "another deprecation" in proc.stderr
+
+
+def test_torchao_import_lines_are_hidden_and_other_torch_warnings_are_not():
+    """torchao (the `schemes` extra) logs one line per CUDA kernel library a CPU torch cannot load, and torch warns
+    about its enums' registration: neither shows once the filters are installed; another pytree warning still does."""
+    pytest.importorskip("torchao")
+    proc = run("""
+        import logging
+        from adaptguard.utils.quiet import hide_unused_library_noise
+
+        hide_unused_library_noise()
+        import torchao  # noqa: F401
+        logging.getLogger("torch.utils._pytree").warning("another pytree warning")
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Failed to load" not in proc.stderr and "Enum subclass" not in proc.stderr
+    assert "another pytree warning" in proc.stderr

@@ -21,14 +21,15 @@ import warnings
 
 
 class _HideMessage(logging.Filter):
-    """Drops records whose message starts with `prefix` and remembers that one was dropped."""
+    """Drops records whose message starts with `prefix` (and holds `contains`) and remembers that one was dropped."""
 
-    def __init__(self, prefix: str):
+    def __init__(self, prefix: str, contains: str = ""):
         super().__init__()
-        self.prefix, self.hidden, self.explained = prefix, False, False
+        self.prefix, self.contains, self.hidden, self.explained = prefix, contains, False, False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.getMessage().startswith(self.prefix):
+        message = record.getMessage()
+        if message.startswith(self.prefix) and self.contains in message:
             self.hidden = True
             return False
         return True
@@ -37,7 +38,8 @@ class _HideMessage(logging.Filter):
 BNB_CPU_KERNEL = _HideMessage("Failed to load CPU gemm_4bit_forward from kernels-community")
 BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
 TORCHAO_KERNELS = _HideMessage("Failed to load ")  # only on torchao's own logger: its optional CUDA kernels
-TORCH_PYTREE_ENUM = _HideMessage("<enum 'KernelPreference'> is an Enum subclass")  # torchao's registration
+# torchao's enums (KernelPreference, ScaleCalculationMode, ...) registered the old way
+TORCH_PYTREE_ENUM = _HideMessage("<enum '", contains="is an Enum subclass and is now natively supported")
 
 
 def hide_unused_library_noise() -> None:
