@@ -36,12 +36,12 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
-from adaptguard.compat.callback import evaluate_with_lm_eval, task_runs_from_output
 from adaptguard.compat.compare import compare_runs, compare_task
 from adaptguard.compat.flips import flipped_documents
 from adaptguard.compat.report import plot_quadrants, write_outputs
 from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
 from adaptguard.models.embedded import resolve_model
+from adaptguard.utils.quiet import hide_unused_library_noise
 from adaptguard.utils.sweeps import command_line, machine_info, machine_line, write_report
 
 
@@ -124,8 +124,11 @@ def load_variant(path: str, variant: str):
 
 
 def main(args: Args) -> dict:
+    hide_unused_library_noise()  # before lm-eval's imports load torchao and bitsandbytes (their import-time lines)
     if args.e6 or args.schemes:
         return run_schemes(args)
+    from adaptguard.compat.callback import evaluate_with_lm_eval, task_runs_from_output
+
     variants = ["int8"] if args.quick else args.variants.split(",")
     for variant in variants:  # fail before any output or the long reference run
         if variant not in VARIANTS:
@@ -265,15 +268,21 @@ def kl_from_reference(reference, model, tokenizer, texts: list[str], batch: int 
 
 
 def slim_records(output: dict) -> dict[str, str]:
-    """lm-eval's sample records with the per-item fields `compare` reads (ids, hashes, answers, scores), without the
-    copies of the prompt (`doc`, `arguments`, raw `resps`): {task: JSONL text}."""
+    """lm-eval's sample records with the per-item fields `compare` reads (ids, hashes, answers, scores, and a
+    multiple-choice item's continuations, which give its chance rate), without the copies of the prompt (`doc`, the
+    requests' contexts, raw `resps`): {task: JSONL text}."""
     import json
 
     from lm_eval.utils import handle_non_serializable, sanitize_list
 
     def slim(r: dict) -> dict:
+        args = r["arguments"]  # in memory: one tuple per request; as logged: {"gen_args_i": {"arg_0", "arg_1"}}
+        args = [a for _, a in sorted(args.items(), key=lambda kv: int(kv[0].rsplit("_", 1)[1]))] \
+            if isinstance(args, dict) else [{"arg_1": a[1]} if len(a) > 1 else {} for a in args]
+        choices = {f"gen_args_{i}": {"arg_1": a["arg_1"]} for i, a in enumerate(args)
+                   if isinstance(a.get("arg_1"), str)}
         return {**{k: r[k] for k in RECORD_KEYS if k in r}, "target": str(r["target"]),
-                "filtered_resps": sanitize_list(r["filtered_resps"])}
+                "filtered_resps": sanitize_list(r["filtered_resps"]), **({"arguments": choices} if choices else {})}
 
     return {task: "".join(json.dumps(slim(r), default=handle_non_serializable) + "\n" for r in records)
             for task, records in output["samples"].items()}
@@ -313,10 +322,11 @@ def run_schemes(args: Args) -> dict:
     import os
     import shutil
 
+    from adaptguard.compat.callback import evaluate_with_lm_eval
     from adaptguard.data.bigbench import load_generative_task, write_lm_eval_generative_tasks
     from adaptguard.utils.files import atomic_write_text
-    from adaptguard.utils.quiet import hide_unused_library_noise
 
+    asked = args  # the command line names what the user gave (--e6), not what it expands to
     if args.e6:
         args = dataclasses.replace(args, **{k: v for k, v in E6.items() if getattr(args, k) == getattr(Args, k)})
     schemes = [s for s in args.schemes.split(",") if s and s != "fp32"]
@@ -327,8 +337,7 @@ def run_schemes(args: Args) -> dict:
     records = Path(args.records) if args.records else out / "records"
     order = ["fp32", *([FLOOR] if args.floor else []), *schemes]
     if args.report:
-        return write_schemes_report(records, order, out, args)
-    hide_unused_library_noise()
+        return write_schemes_report(records, order, out, asked)
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tasks = write_lm_eval_tasks(load_tasks(args.tasks.split(",")), out / "tasks", limit=args.limit)
@@ -391,7 +400,7 @@ def run_schemes(args: Args) -> dict:
             compared = compare_runs(runs / "fp32", runs / scheme)
             flips = [{"task": t, **f} for t, e in compared["tasks"].items() for f in flipped_documents(e)]
             write_outputs(compared, html_path=out / f"report_{scheme}.html", flips=flips)
-    return write_schemes_report(records, order, out, args)
+    return write_schemes_report(records, order, out, asked)
 
 
 def item_scores(folder: Path) -> dict[str, dict[int, float]]:
@@ -508,7 +517,7 @@ def write_schemes_report(records: Path, order: list[str], out: Path, args: Args)
                         "best": best if all(rejected) else None}
     else:
         report["H3"] = {"candidates": low, "best": None, "reason": "fewer than two low-bit schemes ran"}
-    report["command"] = command_line("examples/quantization_flips.py", args) + " --report"
+    report["command"] = command_line("examples/quantization_flips.py", args) + ("" if args.report else " --report")
     out.mkdir(parents=True, exist_ok=True)
     write_report(out, report, schemes_markdown(report))
     return report

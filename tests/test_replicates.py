@@ -344,3 +344,22 @@ def test_the_majority_label_counts_as_chance_only_for_a_fixed_label_set(tmp_path
     tasks = json.loads((tmp_path / "c.json").read_text())["tasks"]
     assert tasks["fixed"]["churn"]["chance"] == pytest.approx(0.9) and tasks["fixed"]["churn"]["churn"]
     assert tasks["varying"]["churn"]["chance"] == pytest.approx(0.25) and not tasks["varying"]["churn"]["churn"]
+
+
+def test_records_without_their_choices_take_one_over_the_number_of_choices_as_chance(tmp_path):
+    """A trimmed log (no `arguments`, so no choices to compare across items) says nothing of a fixed label set: gold
+    at choice 0 on 90 % of items, chance is 1/#choices (0.25), not the majority label's share."""
+    for side in ("old", "new"):
+        folder = tmp_path / side
+        folder.mkdir()
+        with open(folder / "samples_trimmed_2026-11-27T00-00-00.000000.jsonl", "w") as f:
+            for i in range(100):
+                gold, ok = (0 if i % 10 else 1), (i % 2 == 0) if side == "old" else (i % 4 < 2)
+                lls = [-5.0] * 4
+                lls[gold if ok else (gold + 1) % 4] = -1.0
+                f.write(json.dumps({"doc_id": i, "target": gold, "filter": "none", "metrics": ["acc"], "acc": float(ok),
+                                    "filtered_resps": [[str(x), "False"] for x in lls], "doc_hash": f"d{i}"}) + "\n")
+    proc = run_cli("compare", tmp_path / "old", tmp_path / "new", "--json", tmp_path / "c.json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    churn = json.loads((tmp_path / "c.json").read_text())["tasks"]["trimmed"]["churn"]
+    assert churn["chance"] == pytest.approx(0.25) and not churn["churn"]
