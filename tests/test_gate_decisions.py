@@ -218,6 +218,23 @@ def test_overall_acc_drop_in_the_gate_combines_the_tasks():
         check_gate(report, [Threshold.parse("overall:nfr>1%")], 0.05)
 
 
+def test_the_pooled_entry_reports_clopper_pearson_intervals_of_the_pooled_counts():
+    """One run per side: the pooled entry's NFR/PFR intervals are the exact ones of the pooled counts (statsmodels),
+    as every task's entry, not a one-resample bootstrap's point."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    from adaptguard.compat.decide import pooled_entry
+
+    rng = np.random.default_rng(11)
+    olds = [(rng.random((1, n)) < 0.5) for n in (120, 80)]
+    news = [o ^ (rng.random(o.shape) < 0.1) for o in olds]
+    pooled = pooled_entry(olds, news)
+    o, n = np.concatenate(olds, 1)[0], np.concatenate(news, 1)[0]
+    for key, count in (("nfr_ci", int(np.sum(o & ~n))), ("pfr_ci", int(np.sum(~o & n)))):
+        want = proportion_confint(count, 200, alpha=0.05, method="beta")
+        assert pooled[key] == pytest.approx(list(want)) and want[1] > want[0]
+
+
 # ------------------------------------------------------------------------------- items beyond rerun noise
 def test_items_beyond_noise_recover_planted_breaks_and_hold_the_false_discovery_rate():
     rng = np.random.default_rng(7)

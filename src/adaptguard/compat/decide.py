@@ -114,7 +114,7 @@ def pooled_entry(olds, news) -> dict:
 
     o, n = np.concatenate(olds, 1), np.concatenate(news, 1)
     if len(o) == 1 and len(n) == 1:
-        return flip_metrics(o[0], n[0], n_boot=1)
+        return flip_metrics(o[0], n[0], interval="exact")  # Clopper–Pearson, as every per-task entry of compare
     rep = replicate_flips(o, n)
     return {"n": o.shape[1], "old_acc": rep["old_acc"], "new_acc": rep["new_acc"], "replicates": rep}
 
