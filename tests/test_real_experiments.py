@@ -167,6 +167,69 @@ def test_quantization_flips_code_path(tmp_path, monkeypatch, embedded_path):
     assert not (tmp_path / "bad").exists()  # refused before any evaluation or output
 
 
+def test_quantization_schemes_runner_records_resumes_and_reports(tmp_path, monkeypatch, embedded_path, capsys):
+    """E6's runner on the tiny model: fp32, its floor rerun and two schemes, a generated task and KL texts; each
+    scheme's records land whole, a second run skips them (resume), a scheme whose library is missing is reported
+    with its error, and the report's pooled NFR, H1 statistic and KL are recomputed here from the records."""
+    example = load_example("quantization_flips")
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path / "cache"))
+    stand_in_data(tmp_path / "cache")
+    rows = [{"input": f"Q: What is {i} plus 1?\nA:", "target": str(i + 1), "subtask": "add"} for i in range(6)]
+    (tmp_path / "cache" / "bigbench" / "arithmetic.generative.json").write_text(json.dumps(rows))
+    texts = [{"input": f"A passage about {w} and more {w}s.\nAnswer:", "choices": ["A. x", "B. y"], "label": 0}
+             for w in ("cats", "rain", "maps")]
+    (tmp_path / "cache" / "openai_evals" / "logiqa.jsonl").write_text("".join(json.dumps(t) + "\n" for t in texts))
+    monkeypatch.setitem(example.SCHEMES, "missing_lib", {"library": "quanto", "weights": "int8"})
+    import adaptguard.models.loading as loading
+
+    monkeypatch.setattr(loading, "_installed", lambda module, _was=loading._installed: module != "optimum.quanto"
+                        and _was(module))  # as on a machine without optimum-quanto
+    records = tmp_path / "records"
+    args = example.Args(model=str(embedded_path), tasks="general_knowledge,sports_understanding", limit=4,
+                        schemes="bf16,int8_dynamic,missing_lib", generated="arithmetic", generated_limit=6,
+                        floor=True, kl_texts=3, records=str(records), batch_size=2, out=str(tmp_path / "out"))
+    report = example.main(args)
+    assert sorted(p.name for p in records.iterdir()) == ["bf16", "fp32", "fp32_floor", "int8_dynamic", "missing_lib"]
+    assert "quanto is not installed" in report["not_runnable"]["missing_lib"]
+    ref = example.item_scores(records / "fp32")
+    assert sorted(ref) == ["bb_arithmetic", "bb_general_knowledge", "bb_sports_understanding"]
+    assert report["schemes"]["fp32_floor"]["pooled"]["nfr"] == 0.0  # the same model, batch 5, one thread
+    for scheme in ("bf16", "int8_dynamic"):
+        new = example.item_scores(records / scheme)
+        keys = [(t, d) for t in report["kept_tasks"] for d in ref[t]]
+        old_v = [ref[t][d] for t, d in keys]
+        new_v = [new[t][d] for t, d in keys]
+        nfr = sum(o and not n for o, n in zip(old_v, new_v)) / len(keys)
+        pooled = report["schemes"][scheme]["pooled"]
+        assert pooled["n"] == len(keys) and pooled["nfr"] == pytest.approx(nfr)
+        assert report["H1"]["per_scheme"][scheme]["statistic"] == pytest.approx(
+            nfr - abs(sum(new_v) / len(keys) - sum(old_v) / len(keys)))
+        kl = json.loads((records / scheme / "kl.json").read_text())
+        assert report["schemes"][scheme]["kl_mean"] == pytest.approx(sum(kl["sum"]) / sum(kl["tokens"]))
+        assert len(kl["sum"]) == 3 and report["schemes"][scheme]["kl_mean"] > 0
+    from transformers import AutoModelForCausalLM
+
+    def stored_bytes(model):  # plain tensors: every parameter and buffer at its dtype's size
+        return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+    for scheme, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        want = stored_bytes(AutoModelForCausalLM.from_pretrained(embedded_path, dtype=dtype))
+        assert json.loads((records / scheme / "meta.json").read_text())["weight_bytes"] == want
+    assert report["schemes"]["bf16"]["weight_bytes"] < 0.51 * json.loads(
+        (records / "fp32" / "meta.json").read_text())["weight_bytes"]  # half, but rotary buffers stay float32
+    assert json.loads((records / "fp32" / "kl.json").read_text())["sum"] == [0.0, 0.0, 0.0]  # fp32 against itself
+    first = json.loads(next((records / "fp32").glob("samples_bb_general_knowledge_*.jsonl")).read_text().splitlines()[0])
+    assert "doc" not in first and all(set(a) == {"arg_1"} for a in first["arguments"].values())
+    capsys.readouterr()
+    again = example.main(args)  # resume: every scheme is recorded, nothing is evaluated again
+    assert capsys.readouterr().out.count("skipped") == 5
+    assert again["schemes"] == report["schemes"]
+    assert (tmp_path / "out" / "report_bf16.html").stat().st_size > 0
+    with pytest.raises(ValueError, match="--schemes: unknown 'int3'"):
+        example.main(dataclasses.replace(args, schemes="bf16,int3", out=str(tmp_path / "bad")))
+    assert not (tmp_path / "bad").exists()
+
+
 def test_paper000_drift_code_path_and_base_loss(tmp_path, monkeypatch, embedded_path):
     """The base loss the experiment reports equals the mean over questions of each answer's mean token NLL,
     computed here by hand."""
