@@ -182,29 +182,22 @@ def write_lm_eval_generative_tasks(tasks: dict[str, list[dict]], out_dir: Path, 
     """Write generated-answer lm-eval tasks `<prefix><task>` (JSONL of `load_generative_task`'s rows + YAML) into
     `out_dir`: greedy, up to `max_new_tokens`, stopped at a newline, scored by exact match with leading and trailing
     whitespace ignored; the first `limit` examples of each. Returns the task names."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    names = []
-    for name, rows in tasks.items():
-        task = prefix + name
-        data = out_dir / f"{task}.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in rows[:limit]))
-        (out_dir / f"{task}.yaml").write_text(GENERATIVE_YAML.format(
-            task=task, data=data, max_new_tokens=max_new_tokens,
-            source=f"BIG-bench {name} (Apache-2.0), from the PyPI sdist bigbench==1.0.0"))
-        names.append(task)
-    return names
+    return write_lm_eval_tasks(tasks, out_dir, limit, prefix, template=GENERATIVE_YAML, max_new_tokens=max_new_tokens)
 
 
 def write_lm_eval_tasks(tasks: dict[str, list[dict]], out_dir: Path, limit: int | None = None, prefix: str = "bb_",
-                        source: str = "BIG-bench {name} (Apache-2.0), from the PyPI sdist bigbench==1.0.0") -> list[str]:
+                        source: str = "BIG-bench {name} (Apache-2.0), from the PyPI sdist bigbench==1.0.0",
+                        template: str = YAML, **fields) -> list[str]:
     """Write multiple-choice lm-eval tasks `<prefix><task>` (JSONL of {"input", "choices", "label"} + YAML) into
-    `out_dir`; the first `limit` examples of each. Returns the task names."""
+    `out_dir`; the first `limit` examples of each. Returns the task names. `template` and `fields`: another YAML
+    (`GENERATIVE_YAML`) and what it needs besides the task, data file and source."""
     out_dir.mkdir(parents=True, exist_ok=True)
     names = []
     for name, rows in tasks.items():
         task = prefix + name
         data = out_dir / f"{task}.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows[:limit]))
-        (out_dir / f"{task}.yaml").write_text(YAML.format(task=task, data=data, source=source.format(name=name)))
+        (out_dir / f"{task}.yaml").write_text(template.format(task=task, data=data, source=source.format(name=name),
+                                                              **fields))
         names.append(task)
     return names
