@@ -446,6 +446,7 @@ def write_schemes_report(records: Path, order: list[str], out: Path, args: Args)
     report = {"model": metas["fp32"]["model"], "records": str(records), "kept_tasks": kept, "churn_tasks": churn,
               "not_runnable": {s: metas[s]["error"] for s in order if s in metas and not metas[s]["runnable"]},
               "not_run": [s for s in order if s not in metas], "schemes": {},
+              "complete": all(s in metas for s in order),  # the decisions are final only over every scheme
               "machine": metas["fp32"]["machine"], "versions": metas["fp32"]["versions"]}
     vectors, kl_texts = {}, {}
     for scheme in ran:
@@ -545,6 +546,9 @@ def schemes_markdown(report: dict) -> str:
     if report["not_run"]:
         lines += ["", f"Not run (budget): {', '.join(report['not_run'])}."]
     h1, h2, h3 = report["H1"], report["H2"], report["H3"]
+    if not report["complete"]:
+        lines += ["", f"**Provisional**: {len(report['not_run'])} of the registered runs have not run yet; the "
+                      "decisions below are over the schemes that have, and are not E6's."]
     lines += ["", f"**H1** (flips hidden by accuracy): {'holds' if h1['holds'] else 'does not hold'} "
                   f"(the floor's pooled NFR {pct(h1['floor_pooled_nfr'])} %; schemes at or below it judged apart).",
               "**H2** (KL tracks flips): " + (h2.get("reason") or
