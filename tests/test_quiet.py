@@ -110,3 +110,22 @@ def test_torchao_import_lines_are_hidden_and_other_torch_warnings_are_not():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Failed to load" not in proc.stderr and "Enum subclass" not in proc.stderr
     assert "another pytree warning" in proc.stderr
+
+
+def test_llm_int8_cast_note_is_said_once():
+    """bitsandbytes logs "inputs will be cast" on every LLM.int8 matrix product: once on screen, not thousands."""
+    if importlib.util.find_spec("bitsandbytes") is None:
+        pytest.skip("bitsandbytes (the [quant] extra) not installed")
+    source = (Path(importlib.util.find_spec("bitsandbytes").origin).parent / "autograd" / "_functions.py").read_text()
+    assert 'logger.warning("MatMul8bitLt: inputs will be cast' in source  # an upgrade that rewords it fails here
+    proc = run("""
+        import logging
+        from adaptguard.utils.quiet import BNB_INT8_LOGGER, hide_unused_library_noise
+
+        hide_unused_library_noise()
+        for _ in range(3):
+            logging.getLogger(BNB_INT8_LOGGER).warning("MatMul8bitLt: inputs will be cast from %s to float16", "fp32")
+        logging.getLogger(BNB_INT8_LOGGER).warning("another int8 warning")
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("inputs will be cast") == 1 and "another int8 warning" in proc.stderr

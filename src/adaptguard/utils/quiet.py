@@ -10,7 +10,8 @@ about those libraries that nobody running a command or an experiment can act on.
 
 torchao (0.18) logs, on import, one "Failed to load …so" line per CUDA kernel library its wheel ships when the
 machine cannot load it (a CPU-only torch), and torch warns that torchao registers an enum the old way: neither says
-anything about the CPU paths a user of a torchao scheme runs here.
+anything about the CPU paths a user of a torchao scheme runs here. bitsandbytes' LLM.int8 says on every matrix
+product that fp32 inputs are cast to fp16: said once.
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ import warnings
 class _HideMessage(logging.Filter):
     """Drops records whose message starts with `prefix` (and holds `contains`) and remembers that one was dropped."""
 
-    def __init__(self, prefix: str, contains: str = ""):
+    def __init__(self, prefix: str, contains: str = "", once: bool = False):
         super().__init__()
-        self.prefix, self.contains, self.hidden, self.explained = prefix, contains, False, False
+        self.prefix, self.contains, self.once, self.hidden, self.explained = prefix, contains, once, False, False
+        self.shown = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if message.startswith(self.prefix) and self.contains in message:
+            if self.once and not self.shown:  # said once, then kept off the screen
+                self.shown = True
+                return True
             self.hidden = True
             return False
         return True
@@ -38,6 +43,9 @@ class _HideMessage(logging.Filter):
 BNB_CPU_KERNEL = _HideMessage("Failed to load CPU gemm_4bit_forward from kernels-community")
 BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
 TORCHAO_KERNELS = _HideMessage("Failed to load ")  # only on torchao's own logger: its optional CUDA kernels
+# LLM.int8 logs this on every matrix product of an fp32 model (thousands per evaluation): once is enough
+BNB_INT8_CAST = _HideMessage("MatMul8bitLt: inputs will be cast", once=True)
+BNB_INT8_LOGGER = "bitsandbytes.autograd._functions"
 # torchao's enums (KernelPreference, ScaleCalculationMode, ...) registered the old way
 TORCH_PYTREE_ENUM = _HideMessage("<enum '", contains="is an Enum subclass and is now natively supported")
 
@@ -45,6 +53,7 @@ TORCH_PYTREE_ENUM = _HideMessage("<enum '", contains="is an Enum subclass and is
 def hide_unused_library_noise() -> None:
     """Install the filters (idempotent: `addFilter` adds a filter once, `filterwarnings` moves an equal one first)."""
     logging.getLogger(BNB_CPU_LOGGER).addFilter(BNB_CPU_KERNEL)
+    logging.getLogger(BNB_INT8_LOGGER).addFilter(BNB_INT8_CAST)
     logging.getLogger("torchao").addFilter(TORCHAO_KERNELS)
     logging.getLogger("torch.utils._pytree").addFilter(TORCH_PYTREE_ENUM)
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
