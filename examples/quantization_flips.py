@@ -544,7 +544,7 @@ def schemes_markdown(report: dict) -> str:
     for s, error in report["not_runnable"].items():
         lines.append(f"| {s} | not runnable here: {error[:160]} |||||||||| ")
     if report["not_run"]:
-        lines += ["", f"Not run (budget): {', '.join(report['not_run'])}."]
+        lines += ["", f"Not run yet: {', '.join(report['not_run'])}."]
     h1, h2, h3 = report["H1"], report["H2"], report["H3"]
     if not report["complete"]:
         lines += ["", f"**Provisional**: {len(report['not_run'])} of the registered runs have not run yet; the "
