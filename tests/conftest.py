@@ -128,15 +128,7 @@ SLOW_MODULES = {"test_real_model", "test_real_update", "test_real_experiments", 
                 "test_dropin", "test_muscle_modes", "test_compat_trainer", "test_talr_trainer", "test_embedding_plugin"}
 
 
-# Files whose tests take the longest (minutes in all): collected first, so that with `-n 2 --dist loadfile` the two
-# workers start on them and finish on short files instead of one worker finishing alone on a long one.
-LONGEST_FIRST = ("test_real_model", "test_recipes_vs_control", "test_compat_variants", "test_sharded",
-                 "test_update_own_models", "test_update", "test_compat_tasks", "test_embedded_and_cli")
-
-
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))  # stable: files stay whole
     for item in items:
         module = item.module.__name__.rpartition(".")[2]
         if SLOW_FIXTURES & set(item.fixturenames) or module in SLOW_MODULES or item.get_closest_marker("real"):
