@@ -91,18 +91,3 @@ def test_one_run_rows_say_what_their_runs_show():
     monotone = all(a > b for a, b in zip(drift, drift[1:]))
     assert verdicts(text) == ["not reproduced"] and monotone and "falls monotonically" in text
 
-
-def test_e6_row_says_how_far_e6_has_run_and_what_its_report_decided():
-    """E6's row: "in progress" with the count of registered schemes measured (or reported not runnable) while runs
-    are missing; once complete, the verdicts of its three hypotheses as the report decided them."""
-    report = json.loads((RESULTS / "e6" / "report.json").read_text())
-    text = row("fewest answers")
-    schemes = [s for s in report["schemes"] if s != "fp32_floor"] + list(report["not_runnable"])
-    if not report["complete"]:
-        assert verdicts(text)[0] == "in progress" and f"{len(schemes)} of 10 schemes" in text
-    else:
-        h1 = "H1 holds" if report["H1"]["holds"] else "H1 does not hold"
-        assert h1 in text
-    for scheme, entry in report["schemes"].items():  # every NFR the row quotes is the report's
-        if f"{scheme}:" in text and scheme != "fp32_floor":
-            assert f"{scheme}: NFR {100 * entry['pooled']['nfr']:.1f} %" in text
