@@ -241,6 +241,11 @@ def test_cli_demo_quick(tmp_path, embedded_path):
 
     assert report["machine"]["torch"] == torch.__version__ and "threads" in report["machine"]
     assert report["settings"]["command"].startswith("adaptguard demo --quick --seeds 2")
+    # where the time went: the quick demo's two stages, together no more than the total
+    stages = report["stage_seconds"]
+    assert list(stages) == ["load_and_score_base", "tradeoff"] and min(stages.values()) > 0
+    assert sum(stages.values()) <= report["seconds"]
+    assert f"tradeoff {stages['tradeoff']:.0f} s" in md
     assert not list(out.glob(".*"))  # no temporary files left behind
     # a progress bar with the runs done, on stderr; the results on stdout
     assert "trade-off: fine-tuning runs" in proc.stderr and "8/8" in proc.stderr  # 2 methods x 2 lrs x 2 seeds

@@ -198,8 +198,10 @@ def markdown_report(report: dict) -> str:
             f"Highest mean loss at r = {d['peak_r']:.3f} (the paper reports its maximum near and below 1/2; "
             f"the min–max bars overlap). Theorem A2's bound with `adaptguard drift bound`'s defaults peaks at "
             f"r = {d['bound_argmax']:.3f}. Plot: `drift/drift.png`.", ""]
-    lines += [f"Total time: {report['seconds']:.0f} s. Reproduce: `{report['settings']['command']}`. "
-              + machine_line(report["machine"]), ""]
+    stages = ", ".join(f"{name.replace('_', ' ')} {seconds:.0f} s"
+                       for name, seconds in report.get("stage_seconds", {}).items())
+    lines += [f"Total time: {report['seconds']:.0f} s" + (f" ({stages})" if stages else "")
+              + f". Reproduce: `{report['settings']['command']}`. " + machine_line(report["machine"]), ""]
     return "\n".join(lines)
 
 
@@ -311,6 +313,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
     base_flags = base_skills.pop("_flags")
     base = {"domain": exact_match_score(model, tok, test_rows), "general": base_skills["general"],
             "skills": base_skills}
+    stage_seconds = {"load_and_score_base": time.perf_counter() - start}
     runs, token_analysis = [], None
     with tempfile.TemporaryDirectory(prefix="adaptguard-demo-") as work_root, \
             progress_bar(len(methods) * len(lrs) * len(seeds), "trade-off: fine-tuning runs", unit="run") as bar:
@@ -347,6 +350,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                        "train_seconds": _mean(r["train_seconds"] for r in per_seed), "seeds": per_seed}
                 say(f"  {name:8s} lr={lr:<7g} domain={run['domain']:.3f} general={run['general']:.3f}")
                 runs.append(run)
+    stage_seconds["tradeoff"] = time.perf_counter() - start - sum(stage_seconds.values())
     update = None
     if not quick:  # paper 002's update experiment on tiny -> tiny-v2 (MUSCLE), written to OUT/update/
         from ..update import run_update, run_update_seeds, tiny_preset
@@ -358,6 +362,8 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
         else:
             update = run_update(tiny_preset(str(out / "update")))
             say(f"  NFR v1->v2 {update['nfr']:.3f}, v1->v2+compat {update['nfr_compat']:.3f}")
+    if not quick:
+        stage_seconds["update"] = time.perf_counter() - start - sum(stage_seconds.values())
     drift = composition = None
     # paper 000 App. B, the quick sweep, written to OUT/drift/, beside paper 001 Ch. 4 (OUT/composition/)
     with (nullcontext() if quick else _drift_beside(out / "drift", len(seed_range) if seed_range else None)) \
@@ -372,6 +378,8 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                 composition = run_composition_demo(out / "composition")
                 composition.pop("predictions", None)  # kept in composition/composition.json
             drift = drift_result()
+            # the two run side by side, one core each: their wall time together
+            stage_seconds["drift_and_composition"] = time.perf_counter() - start - sum(stage_seconds.values())
     command = ("adaptguard demo" + (" --quick" if quick else "") + (f" --seeds {len(seed_range)}" if seed_range else "")
                + f" --out {out_dir}")
     report = {
@@ -381,7 +389,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                      "skills": sorted({p["skill"] for p in probes}), "quick": quick, "command": command},
         "base": base, "runs": runs, "token_analysis": token_analysis, "update": update, "drift": drift,
         "composition": composition, "machine": machine_info(),
-        "seconds": time.perf_counter() - start,
+        "seconds": time.perf_counter() - start, "stage_seconds": stage_seconds,
     }
     tradeoff_plot(base, runs, out / "tradeoff.png")
     atomic_write_text(out / "report.json", json.dumps(report, indent=2))
