@@ -542,7 +542,8 @@ def schemes_markdown(report: dict) -> str:
                      f"{pct(p['new_acc'] - p['old_acc'])} | {pct(p['nfr'])} | {pct(p['pfr'])} | {hidden} | {kl} | "
                      f"{verdict} | {speed} |")
     for s, error in report["not_runnable"].items():
-        lines.append(f"| {s} | not runnable here: {error[:160]} |||||||||| ")
+        # the root cause is the last line of the error chain; the whole chain is in report.json
+        lines.append(f"| {s} | not runnable here: {error.split('; ')[-1][:160]} |||||||||| ")
     if report["not_run"]:
         lines += ["", f"Not run yet: {', '.join(report['not_run'])}."]
     h1, h2, h3 = report["H1"], report["H2"], report["H3"]
