@@ -79,8 +79,7 @@ def test_muscle_and_recipe_rows_say_what_e5_decided(e5):
 def test_one_run_rows_say_what_their_runs_show():
     quant = json.loads((RESULTS / "quantization_flips_full.json").read_text())["tasks"]
     nfr = sorted(t["nfr"] for t in quant.values())
-    text = row("quantization flips")
-    assert verdicts(text) == ["shown"] and f"{round(100 * nfr[0])}–{round(100 * nfr[-1])} %" in text
+    assert f"§5's int8 run: {round(100 * nfr[0])}–{round(100 * nfr[-1])} % per task" in row("quantization flips")
     pairs = json.loads((RESULTS / "paper001_composition_full.json").read_text())["pairs"]
     separable = [p for p in pairs if p["separable"]]
     helped = [p for p in separable if p["icl_minus_composite"] > 0 and p["mcnemar_p"] < 0.05]
@@ -91,3 +90,28 @@ def test_one_run_rows_say_what_their_runs_show():
     monotone = all(a > b for a, b in zip(drift, drift[1:]))
     assert verdicts(text) == ["not reproduced"] and monotone and "falls monotonically" in text
 
+
+
+@pytest.fixture(scope="module")
+def e6():
+    return json.loads((RESULTS / "e6" / "report.json").read_text())
+
+
+def test_quantization_rows_say_what_e6_decided(e6):
+    """E6's two rows: H1's verdict and how many schemes support it; every NFR quoted is the report's pooled NFR
+    (every runnable scheme quoted); H3's and H2's verdict words as decided."""
+    assert e6["complete"] and not e6["not_run"]
+    runnable = [s for s in e6["schemes"] if s != "fp32_floor"]
+    hidden = e6["H1"]["per_scheme"]
+    text = row("accuracy hides")
+    assert verdicts(text) == ["H1 holds" if e6["H1"]["holds"] else "H1 does not hold"]
+    assert f"for {sum(h['supported'] for h in hidden.values())} of {len(runnable)} schemes" in text
+    fewest = row("fewest answers")
+    quoted = dict(re.findall(r"\b(" + "|".join(runnable) + r") (\d+\.\d) %", fewest))
+    assert sorted(quoted) == sorted(runnable)
+    for scheme, value in quoted.items():
+        assert value == f"{100 * e6['schemes'][scheme]['pooled']['nfr']:.1f}", scheme
+    h3 = "no single best" if e6["H3"]["best"] is None else f"{e6['H3']['best']} best"
+    assert verdicts(fewest) == [h3, "supported" if e6["H2"]["supported"] else "not supported"]
+    assert f"ρ {e6['H2']['rho']:.2f}" in fewest and f"({len(e6['H2']['schemes'])} schemes)" in fewest
+    assert f"over {e6['schemes']['nf4']['pooled']['n']:,} items" in fewest

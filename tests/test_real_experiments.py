@@ -299,3 +299,30 @@ def test_paper002_update_reuses_the_task_adapters_for_the_second_mask(tmp_path, 
         assert json.loads(marker.read_text())["task_learning_rate"] == 1e-3
         assert (tmp_path / "out" / mask / "flips.png").exists()
     assert "| student_wrong |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_e6_report_recomputes_from_the_committed_records(tmp_path):
+    """docs/results/e6/report.json (README's E6 rows are tested against it) is what the committed records give:
+    the table, the churn split and the three registered decisions, recomputed here."""
+    example = load_example("quantization_flips")
+    committed = json.loads((ROOT / "docs" / "results" / "e6" / "report.json").read_text())
+    again = example.main(example.Args(e6=True, report=True, records=str(ROOT / "docs" / "results" / "e6_records"),
+                                      out=str(tmp_path)))
+    for key in ("command", "records"):  # where it was written from, not what it says
+        committed.pop(key), again.pop(key)
+    assert _approx_tree(again, committed)
+
+
+def _approx_tree(a, b, path="report") -> bool:
+    """Equal dicts and lists, floats to 1e-9 relative (the bootstrap and Spearman run in float64 on any CPU)."""
+    if isinstance(b, dict):
+        assert isinstance(a, dict) and sorted(a) == sorted(b), path
+        return all(_approx_tree(a[k], b[k], f"{path}.{k}") for k in b)
+    if isinstance(b, list):
+        assert isinstance(a, (list, tuple)) and len(a) == len(b), path  # a tuple is written as a JSON list
+        return all(_approx_tree(x, y, f"{path}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
+    if isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), path
+    else:
+        assert a == b, path
+    return True
