@@ -91,7 +91,6 @@ def test_one_run_rows_say_what_their_runs_show():
     assert verdicts(text) == ["not reproduced"] and monotone and "falls monotonically" in text
 
 
-
 @pytest.fixture(scope="module")
 def e6():
     return json.loads((RESULTS / "e6" / "report.json").read_text())

@@ -310,19 +310,20 @@ def test_e6_report_recomputes_from_the_committed_records(tmp_path):
                                       out=str(tmp_path)))
     for key in ("command", "records"):  # where it was written from, not what it says
         committed.pop(key), again.pop(key)
-    assert _approx_tree(again, committed)
+    assert_close_tree(json.loads(json.dumps(again)), committed)  # as written: tuples become lists
 
 
-def _approx_tree(a, b, path="report") -> bool:
+def assert_close_tree(a, b, path="report") -> None:
     """Equal dicts and lists, floats to 1e-9 relative (the bootstrap and Spearman run in float64 on any CPU)."""
     if isinstance(b, dict):
         assert isinstance(a, dict) and sorted(a) == sorted(b), path
-        return all(_approx_tree(a[k], b[k], f"{path}.{k}") for k in b)
-    if isinstance(b, list):
-        assert isinstance(a, (list, tuple)) and len(a) == len(b), path  # a tuple is written as a JSON list
-        return all(_approx_tree(x, y, f"{path}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
-    if isinstance(b, float):
+        for k in b:
+            assert_close_tree(a[k], b[k], f"{path}.{k}")
+    elif isinstance(b, list):
+        assert isinstance(a, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close_tree(x, y, f"{path}[{i}]")
+    elif isinstance(b, float):
         assert a == pytest.approx(b, rel=1e-9, abs=1e-12), path
     else:
         assert a == b, path
-    return True

@@ -313,7 +313,12 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
     base_flags = base_skills.pop("_flags")
     base = {"domain": exact_match_score(model, tok, test_rows), "general": base_skills["general"],
             "skills": base_skills}
-    stage_seconds = {"load_and_score_base": time.perf_counter() - start}
+    stage_seconds = {}
+
+    def lap(stage: str) -> None:  # the seconds since the last stage ended
+        stage_seconds[stage] = time.perf_counter() - start - sum(stage_seconds.values())
+
+    lap("load_and_score_base")
     runs, token_analysis = [], None
     with tempfile.TemporaryDirectory(prefix="adaptguard-demo-") as work_root, \
             progress_bar(len(methods) * len(lrs) * len(seeds), "trade-off: fine-tuning runs", unit="run") as bar:
@@ -350,7 +355,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                        "train_seconds": _mean(r["train_seconds"] for r in per_seed), "seeds": per_seed}
                 say(f"  {name:8s} lr={lr:<7g} domain={run['domain']:.3f} general={run['general']:.3f}")
                 runs.append(run)
-    stage_seconds["tradeoff"] = time.perf_counter() - start - sum(stage_seconds.values())
+    lap("tradeoff")
     update = None
     if not quick:  # paper 002's update experiment on tiny -> tiny-v2 (MUSCLE), written to OUT/update/
         from ..update import run_update, run_update_seeds, tiny_preset
@@ -363,7 +368,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
             update = run_update(tiny_preset(str(out / "update")))
             say(f"  NFR v1->v2 {update['nfr']:.3f}, v1->v2+compat {update['nfr_compat']:.3f}")
     if not quick:
-        stage_seconds["update"] = time.perf_counter() - start - sum(stage_seconds.values())
+        lap("update")
     drift = composition = None
     # paper 000 App. B, the quick sweep, written to OUT/drift/, beside paper 001 Ch. 4 (OUT/composition/)
     with (nullcontext() if quick else _drift_beside(out / "drift", len(seed_range) if seed_range else None)) \
@@ -379,7 +384,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                 composition.pop("predictions", None)  # kept in composition/composition.json
             drift = drift_result()
             # the two run side by side, one core each: their wall time together
-            stage_seconds["drift_and_composition"] = time.perf_counter() - start - sum(stage_seconds.values())
+            lap("drift_and_composition")
     command = ("adaptguard demo" + (" --quick" if quick else "") + (f" --seeds {len(seed_range)}" if seed_range else "")
                + f" --out {out_dir}")
     report = {
