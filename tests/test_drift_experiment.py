@@ -220,14 +220,23 @@ def test_bad_input_names_the_field_and_writes_nothing(tmp_path, overrides, field
     assert not (tmp_path / "out").exists()
 
 
-def test_the_demo_sweep_beside_other_work_gives_this_process_results(tmp_path, micro_result, capsys):
-    """`adaptguard demo` runs the drift sweep in a child process beside the composition section: the same runs as
-    here (one thread each, same kernels), every run ticked on the bar drawn in this process."""
-    from adaptguard.experiments.demo import _drift_beside
+def test_the_demo_sections_side_by_side_give_this_process_results(tmp_path, micro_result, capsys):
+    """`adaptguard demo` runs its sections in worker processes, one core each: the drift sweep there gives the same
+    runs as here (one thread each, same kernels); its bar and lines are drawn in this process; a section that fails
+    raises here, with its own message, once the others are done."""
+    from functools import partial
+
+    from adaptguard.experiments.demo import _drift, run_sections
 
     _, here, _ = micro_result
-    with _drift_beside(tmp_path / "drift", **MICRO) as result:
-        beside = result()
+    sections = {"drift": (partial(_drift, **MICRO), tmp_path), "bad": (partial(_drift, color="red"), tmp_path / "bad")}
+    with pytest.raises(ValueError, match="overrides"):
+        run_sections(sections, workers=2)
+    results, seconds = run_sections({"drift": sections["drift"]}, workers=1)
+    beside = results["drift"]
     assert [run["loss"] for run in beside["runs"]] == pytest.approx([run["loss"] for run in here["runs"]], rel=1e-6)
     assert beside["peak_r"] == here["peak_r"] and (tmp_path / "drift" / "drift.json").exists()
-    assert "drift: training runs: 100%" in capsys.readouterr().err.replace("\r", "\n")
+    assert 0 < seconds["drift"] and not (tmp_path / "bad").exists()
+    captured = capsys.readouterr()
+    assert "drift: training runs: 100%" in captured.err.replace("\r", "\n")
+    assert f"drift: highest loss at r = {here['peak_r']:.3f}" in captured.out  # the worker's line, said here

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,125 +200,24 @@ def markdown_report(report: dict) -> str:
             f"r = {d['bound_argmax']:.3f}. Plot: `drift/drift.png`.", ""]
     stages = ", ".join(f"{name.replace('_', ' ')} {seconds:.0f} s"
                        for name, seconds in report.get("stage_seconds", {}).items())
+    workers = report.get("parallel_sections", 1)
+    if workers > 1:
+        stages += f"; the sections after the base ran {workers} at a time, one core each"
     lines += [f"Total time: {report['seconds']:.0f} s" + (f" ({stages})" if stages else "")
               + f". Reproduce: `{report['settings']['command']}`. " + machine_line(report["machine"]), ""]
     return "\n".join(lines)
 
 
-_drift_ticks = None  # in the drift child process: the queue each finished run is reported on
-
-
-def _drift_child_start(ticks) -> None:
-    global _drift_ticks
-    _drift_ticks = ticks
-
-
-def _drift_child(out: Path, overrides: dict) -> dict:
-    from ..utils.threads import torch_threads
-    from .drift import run_drift_experiment
-
-    with torch_threads(1):
-        return run_drift_experiment(out, quick=True, show_progress=False, progress=lambda run: _drift_ticks.put(1),
-                                    **overrides)
-
-
-@contextmanager
-def _drift_beside(out: Path, repetitions: int | None = None, **overrides):
-    """The quick drift sweep (paper 000 App. B) in a child process while the sections after it run here. Every
-    section trains on one thread (its models are too small to gain from two), so the second core is otherwise
-    idle; the sweep's results are those of a run in this process. Yields a function that waits for the section's
-    result; the sweep's bar is drawn here, from the child's ticks, beside the bars of this process. `overrides`
-    change the quick sweep's settings (`run_drift_experiment`)."""
-    import multiprocessing
-    import queue
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
-
-    from ..drift.theory import theorem_a2_argmax
-    from .drift import DriftExperimentConfig
-
-    overrides = {**overrides, **({"repetitions": repetitions} if repetitions else {})}
-    config = DriftExperimentConfig.quick(**overrides)
-    total = config.repetitions * len(config.similarities)
-    ctx = multiprocessing.get_context("spawn")  # a forked child would inherit this process's torch thread pools
-    ticks = ctx.Queue()
-    say("  similarity drift sweep (quick), beside the next sections ...")
-    with ProcessPoolExecutor(1, mp_context=ctx, initializer=_drift_child_start, initargs=(ticks,)) as pool:
-        future = pool.submit(_drift_child, out, overrides)
-
-        def draw() -> None:
-            with progress_bar(total, "drift: training runs", unit="run") as bar:
-                while bar.n < total:
-                    try:
-                        ticks.get(timeout=1)
-                        bar.update()
-                    except queue.Empty:
-                        if future.done():
-                            return
-
-        drawer = threading.Thread(target=draw, daemon=True)
-        drawer.start()
-
-        def result() -> dict:
-            drift = future.result()
-            drawer.join()
-            # the CLI defaults of `adaptguard drift bound` (App. B's sizes; lambda, mu free)
-            drift["bound_argmax"] = theorem_a2_argmax(n=116384, d=64, alpha_i=0.1408, alpha_j=0.8592, delta=0.2,
-                                                      k_mis=1.0, lambda_l=0.5, mu_l=0.09)
-            say(f"  drift: highest loss at r = {drift['peak_r']:.3f}")
-            return drift
-
-        yield result
-
-
-def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int | None = None) -> dict:
-    """Run the trade-off sweep and write the report into `out_dir`; returns the report dict.
-
-    `seeds`: run every section over seeds 0 … seeds−1 and report mean and min–max (default: the trade-off
-    over 2 seeds, 1 with `quick`, and one run of each other section)."""
-    import datasets
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _tradeoff(methods: list[str], lrs: list[float], epochs: float, seeds: list[int], train_rows: list[dict],
+              test_rows: list[dict], probes: list[dict], base_flags: list, out: Path) -> tuple[list[dict], dict | None]:
+    """The trade-off sweep (paper 003 Fig. 1-2): every method x learning rate, over `seeds`, scored against the base
+    model's probe flags. Returns (runs, the TALR token analysis) and copies the analysis to OUT/token_analysis/."""
     from ..compat.metrics import flip_metrics
-    from ..models.embedded import (
-        EMBEDDED_MODELS,
-        domain_split,
-        embedded_model_path,
-        exact_match_score,
-        general_probes,
-    )
-    from ..utils.sweeps import machine_info, seed_list, spread
+    from ..models.embedded import embedded_model_path, exact_match_score
+    from ..utils.sweeps import spread
 
-    seed_range = None if seeds is None else seed_list(seeds)
-
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    start = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     path = embedded_model_path("tiny")
-    spec = EMBEDDED_MODELS["tiny"]
-    train_rows, test_rows = domain_split(spec)
-    probes = general_probes(spec)
-    if quick:
-        methods, lrs, epochs, seeds = ["SFT", "TALR"], [1e-4, 1e-3], 2, seed_range or [0]
-    else:
-        methods, lrs, epochs, seeds = list(METHODS), [1e-4, 3e-4, 1e-3, 3e-3], 4, seed_range or [0, 1]
     talr_analysis_lr = lrs[len(lrs) // 2]
-
-    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    base_skills = general_scores(model, tok, probes)
-    base_flags = base_skills.pop("_flags")
-    base = {"domain": exact_match_score(model, tok, test_rows), "general": base_skills["general"],
-            "skills": base_skills}
-    stage_seconds = {}
-
-    def lap(stage: str) -> None:  # the seconds since the last stage ended
-        stage_seconds[stage] = time.perf_counter() - start - sum(stage_seconds.values())
-
-    lap("load_and_score_base")
     runs, token_analysis = [], None
     with tempfile.TemporaryDirectory(prefix="adaptguard-demo-") as work_root, \
             progress_bar(len(methods) * len(lrs) * len(seeds), "trade-off: fine-tuning runs", unit="run") as bar:
@@ -355,36 +254,157 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                        "train_seconds": _mean(r["train_seconds"] for r in per_seed), "seeds": per_seed}
                 say(f"  {name:8s} lr={lr:<7g} domain={run['domain']:.3f} general={run['general']:.3f}")
                 runs.append(run)
-    lap("tradeoff")
-    update = None
-    if not quick:  # paper 002's update experiment on tiny -> tiny-v2 (MUSCLE), written to OUT/update/
-        from ..update import run_update, run_update_seeds, tiny_preset
+    return runs, token_analysis
 
-        say("  model update tiny -> tiny-v2 (MUSCLE) ...")
-        if seed_range and len(seed_range) > 1:
-            update = run_update_seeds(lambda s: tiny_preset(split_seed=s, seed=s), seed_range, out / "update")
-            say(f"  NFR_c < NFR on {update['nfr_compat_below_nfr']} of {len(seed_range)} seeds")
-        else:
-            update = run_update(tiny_preset(str(out / "update")))
-            say(f"  NFR v1->v2 {update['nfr']:.3f}, v1->v2+compat {update['nfr_compat']:.3f}")
-    if not quick:
-        lap("update")
-    drift = composition = None
-    # paper 000 App. B, the quick sweep, written to OUT/drift/, beside paper 001 Ch. 4 (OUT/composition/)
-    with (nullcontext() if quick else _drift_beside(out / "drift", len(seed_range) if seed_range else None)) \
-            as drift_result:
-        if not quick:
-            from .composition import run_composition_demo, run_composition_seeds
 
-            say("  compositional in-context learning ...")
-            if seed_range and len(seed_range) > 1:
-                composition = run_composition_seeds(out / "composition", seeds=seed_range)
-            else:
-                composition = run_composition_demo(out / "composition")
-                composition.pop("predictions", None)  # kept in composition/composition.json
-            drift = drift_result()
-            # the two run side by side, one core each: their wall time together
-            lap("drift_and_composition")
+def _update(out: Path, seed_range: list[int] | None) -> dict:
+    """Paper 002's update experiment on tiny -> tiny-v2 (MUSCLE), written to OUT/update/."""
+    from ..update import run_update, run_update_seeds, tiny_preset
+
+    say("  model update tiny -> tiny-v2 (MUSCLE) ...")
+    if seed_range and len(seed_range) > 1:
+        update = run_update_seeds(lambda s: tiny_preset(split_seed=s, seed=s), seed_range, out / "update")
+        say(f"  update: NFR_c < NFR on {update['nfr_compat_below_nfr']} of {len(seed_range)} seeds")
+    else:
+        update = run_update(tiny_preset(str(out / "update")))
+        say(f"  update: NFR v1->v2 {update['nfr']:.3f}, v1->v2+compat {update['nfr_compat']:.3f}")
+    return update
+
+
+def _composition(out: Path, seed_range: list[int] | None) -> dict:
+    """Paper 001 Ch. 4's compositional in-context learning, written to OUT/composition/."""
+    from .composition import run_composition_demo, run_composition_seeds
+
+    say("  compositional in-context learning ...")
+    if seed_range and len(seed_range) > 1:
+        return run_composition_seeds(out / "composition", seeds=seed_range)
+    composition = run_composition_demo(out / "composition")
+    composition.pop("predictions", None)  # kept in composition/composition.json
+    return composition
+
+
+def _drift(out: Path, repetitions: int | None = None, **overrides) -> dict:
+    """Paper 000 App. B's quick similarity-drift sweep, written to OUT/drift/ (`overrides`: more settings of
+    `run_drift_experiment`), with the peak of the bound at the CLI defaults of `adaptguard drift bound`."""
+    from ..drift.theory import theorem_a2_argmax
+    from .drift import run_drift_experiment
+
+    say("  similarity drift sweep (quick) ...")
+    drift = run_drift_experiment(out / "drift", quick=True, **overrides,
+                                 **({"repetitions": repetitions} if repetitions else {}))
+    # App. B's sizes; lambda, mu free
+    drift["bound_argmax"] = theorem_a2_argmax(n=116384, d=64, alpha_i=0.1408, alpha_j=0.8592, delta=0.2,
+                                              k_mis=1.0, lambda_l=0.5, mu_l=0.09)
+    say(f"  drift: highest loss at r = {drift['peak_r']:.3f}")
+    return drift
+
+
+def _worker_start(channel) -> None:
+    """A section worker: its bars and lines go to the parent, and the libraries are as quiet as in the parent."""
+    import datasets
+    import transformers
+
+    from ..utils.progress import relay_to
+    from ..utils.quiet import hide_unused_library_noise
+
+    relay_to(channel)
+    hide_unused_library_noise()
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _timed_section(section, *args) -> tuple[object, float]:
+    """(`section(*args)`, its seconds), on one thread: the embedded models are too small to gain from two, so each
+    section takes one core."""
+    from ..utils.progress import relay_done
+    from ..utils.threads import torch_threads
+
+    start = time.perf_counter()
+    try:
+        with torch_threads(1):
+            return section(*args), time.perf_counter() - start
+    finally:
+        relay_done()
+
+
+def run_sections(sections: dict[str, tuple], workers: int) -> tuple[dict[str, object], dict[str, float]]:
+    """Run `sections` ({name: (function, *args)}, longest first) in `workers` worker processes, one section on one
+    core each; their bars and lines are drawn here. Returns ({name: result}, {name: seconds}). A section's results
+    are those of a run in this process on one thread (spawned workers: a forked one would inherit this process's
+    torch thread pools)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from ..utils.progress import draw_relayed
+
+    ctx = multiprocessing.get_context("spawn")
+    channel = ctx.Queue()
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_start, initargs=(channel,)) as pool:
+        futures = {name: pool.submit(_timed_section, *section) for name, section in sections.items()}
+        draw_relayed(channel, len(futures), lambda: not all(f.done() for f in futures.values()))
+        done = {name: future.result() for name, future in futures.items()}
+    return {name: result for name, (result, _) in done.items()}, {name: s for name, (_, s) in done.items()}
+
+
+def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int | None = None) -> dict:
+    """Run the trade-off sweep and write the report into `out_dir`; returns the report dict.
+
+    `seeds`: run every section over seeds 0 … seeds−1 and report mean and min–max (default: the trade-off
+    over 2 seeds, 1 with `quick`, and one run of each other section)."""
+    import datasets
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..models.embedded import (
+        EMBEDDED_MODELS,
+        domain_split,
+        embedded_model_path,
+        exact_match_score,
+        general_probes,
+    )
+    from ..utils.sweeps import machine_info, seed_list
+
+    seed_range = None if seeds is None else seed_list(seeds)
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    start = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = embedded_model_path("tiny")
+    spec = EMBEDDED_MODELS["tiny"]
+    train_rows, test_rows = domain_split(spec)
+    probes = general_probes(spec)
+    if quick:
+        methods, lrs, epochs, seeds = ["SFT", "TALR"], [1e-4, 1e-3], 2, seed_range or [0]
+    else:
+        methods, lrs, epochs, seeds = list(METHODS), [1e-4, 3e-4, 1e-3, 3e-3], 4, seed_range or [0, 1]
+
+    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    base_skills = general_scores(model, tok, probes)
+    base_flags = base_skills.pop("_flags")
+    base = {"domain": exact_match_score(model, tok, test_rows), "general": base_skills["general"],
+            "skills": base_skills}
+    stage_seconds = {"load_and_score_base": time.perf_counter() - start}
+    tradeoff = (_tradeoff, methods, lrs, epochs, seeds, train_rows, test_rows, probes, base_flags, out)
+    if quick:  # the trade-off alone, here
+        workers = 1
+        runs, token_analysis = _tradeoff(*tradeoff[1:])
+        update = drift = composition = None
+        stage_seconds["tradeoff"] = time.perf_counter() - start - stage_seconds["load_and_score_base"]
+    else:
+        # the sections side by side, one core each, longest first (composition, trade-off, drift, update: about
+        # 105, 90, 75 and 20 s on one core), so that two cores finish them in about the time of the two longest
+        sections = {"composition": (_composition, out, seed_range), "tradeoff": tradeoff,
+                    "drift": (_drift, out, len(seed_range) if seed_range else None), "update": (_update, out, seed_range)}
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = max(1, min(len(sections), cores))
+        results, seconds = run_sections(sections, workers)
+        (runs, token_analysis), update = results["tradeoff"], results["update"]
+        drift, composition = results["drift"], results["composition"]
+        stage_seconds.update(seconds)
     command = ("adaptguard demo" + (" --quick" if quick else "") + (f" --seeds {len(seed_range)}" if seed_range else "")
                + f" --out {out_dir}")
     report = {
@@ -394,7 +414,7 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
                      "skills": sorted({p["skill"] for p in probes}), "quick": quick, "command": command},
         "base": base, "runs": runs, "token_analysis": token_analysis, "update": update, "drift": drift,
         "composition": composition, "machine": machine_info(),
-        "seconds": time.perf_counter() - start, "stage_seconds": stage_seconds,
+        "seconds": time.perf_counter() - start, "stage_seconds": stage_seconds, "parallel_sections": workers,
     }
     tradeoff_plot(base, runs, out / "tradeoff.png")
     atomic_write_text(out / "report.json", json.dumps(report, indent=2))
