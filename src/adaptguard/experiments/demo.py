@@ -388,16 +388,16 @@ def run_demo(out_dir: str | Path = "demo-out", quick: bool = False, seeds: int |
     base = {"domain": exact_match_score(model, tok, test_rows), "general": base_skills["general"],
             "skills": base_skills}
     stage_seconds = {"load_and_score_base": time.perf_counter() - start}
-    tradeoff = (_tradeoff, methods, lrs, epochs, seeds, train_rows, test_rows, probes, base_flags, out)
+    tradeoff_args = (methods, lrs, epochs, seeds, train_rows, test_rows, probes, base_flags, out)
     if quick:  # the trade-off alone, here
         workers = 1
-        runs, token_analysis = _tradeoff(*tradeoff[1:])
+        runs, token_analysis = _tradeoff(*tradeoff_args)
         update = drift = composition = None
         stage_seconds["tradeoff"] = time.perf_counter() - start - stage_seconds["load_and_score_base"]
     else:
         # the sections side by side, one core each, longest first (composition, trade-off, drift, update: about
         # 105, 90, 75 and 20 s on one core), so that two cores finish them in about the time of the two longest
-        sections = {"composition": (_composition, out, seed_range), "tradeoff": tradeoff,
+        sections = {"composition": (_composition, out, seed_range), "tradeoff": (_tradeoff, *tradeoff_args),
                     "drift": (_drift, out, len(seed_range) if seed_range else None), "update": (_update, out, seed_range)}
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         workers = max(1, min(len(sections), cores))
