@@ -12,6 +12,30 @@ if "PYTEST_XDIST_WORKER" in os.environ:  # `-n 2`: one thread per worker (and it
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _own_inductor_cache() -> None:
+    """torch.compile's C++ cache, one per kernel set and worker (issue 79): inductor's shared default
+    (/tmp/torchinductor_USER) reused under another `ATEN_CPU_CAPABILITY`, or written by the other worker at the same
+    time, fails the compile ("'at::vec' has not been declared"). The root is the user's TORCHINDUCTOR_CACHE_DIR, if
+    set, else one of the suite's own; it is fixed by the first process (pytest's), so workers nest under it once.
+    Kept between runs: a compiled test compiles once per worker and kernel set."""
+    import getpass
+    import tempfile
+
+    if "ADAPTGUARD_TEST_INDUCTOR_ROOT" not in os.environ:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}"
+        os.environ["ADAPTGUARD_TEST_INDUCTOR_ROOT"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+            tempfile.gettempdir(), f"adaptguard_tests_torchinductor_{user}")
+    kernels = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.environ["ADAPTGUARD_TEST_INDUCTOR_ROOT"], kernels, worker)
+
+
+_own_inductor_cache()  # before any test imports torch
+
+
 @pytest.fixture(scope="session")
 def embedded_path() -> Path:
     from adaptguard.models.embedded import embedded_model_path
