@@ -12,7 +12,7 @@ from scipy.stats import binom, chi2, norm
 
 from adaptguard.compat.decide import p_beyond
 from adaptguard.compat.gate import Threshold, check_gate, describe, exit_status
-from adaptguard.compat.metrics import combined_drop_p, exact_rate_ci, flip_metrics, paired_drop_p
+from adaptguard.compat.metrics import combined_drop_p, exact_rate_ci, flip_metrics, paired_drop_p, tango_z
 from adaptguard.compat.replicates import items_beyond_noise
 from adaptguard.compat.simulate import simulate_runs
 
@@ -47,9 +47,10 @@ def test_the_exact_mcnemar_is_the_binomial_tail_and_half_of_statsmodels_two_side
 
 @pytest.mark.parametrize("b, c, n, margin", [(10, 3, 100, 0.02), (30, 2, 300, 0.05), (5, 9, 60, -0.05),
                                              (0, 4, 80, 0.01), (20, 4, 69, 0.1)])
-def test_tangos_score_test_uses_the_restricted_maximum_likelihood(b, c, n, margin):
+def test_tangos_score_statistic_uses_the_restricted_maximum_likelihood(b, c, n, margin):
     """The restricted MLE of the wrong → right rate under H0 "drop = margin", maximised numerically from the
-    multinomial likelihood, gives the same z as the closed form; at margin 0 the score z is McNemar's."""
+    multinomial likelihood, gives the same z as the closed form (the margin test's ordering, `tango_z`); at margin
+    0 the score z is McNemar's."""
     from statsmodels.stats.contingency_tables import mcnemar
 
     m = n - b - c
@@ -60,12 +61,39 @@ def test_tangos_score_test_uses_the_restricted_maximum_likelihood(b, c, n, margi
 
     q = minimize_scalar(nll, bounds=(lo, hi), method="bounded", options={"xatol": 1e-12}).x
     z = ((b - c) / n - margin) / math.sqrt((2 * q + margin * (1 - margin)) / n)
-    assert paired_drop_p(b, c, n, margin) == pytest.approx(norm.sf(z), rel=1e-5, abs=1e-9)
-    assert paired_drop_p(b, c, n, margin, "less") == pytest.approx(norm.cdf(z), rel=1e-5, abs=1e-9)
+    assert float(tango_z(b, c, n, margin)) == pytest.approx(z, rel=1e-6, abs=1e-9)
     if b + c:
         z0 = (b - c) / math.sqrt(b + c)
         stat = mcnemar([[n // 2, b], [c, n - n // 2 - b - c]], exact=False, correction=False).statistic
         assert z0 ** 2 == pytest.approx(stat)
+
+
+@pytest.mark.parametrize("b, c, n, margin", [(5, 1, 12, 0.1), (1, 3, 12, -0.1), (2, 2, 10, 0.05), (3, 0, 10, 0.05),
+                                             (6, 0, 14, 0.2), (0, 0, 9, 0.02)])
+def test_the_margin_test_is_the_exact_unconditional_tail_by_brute_force(b, c, n, margin):
+    """Against a margin the p-value is the largest probability, over every (right → wrong, wrong → right) pair of
+    rates on the boundary, of a Tango z at least as extreme — enumerated here over every table with scipy's
+    multinomial, on a finer grid of the nuisance rate than the implementation's."""
+    from scipy.stats import multinomial
+
+    tables = np.array([(x, y, n - x - y) for x in range(n + 1) for y in range(n + 1 - x)])
+    z = np.array([float(tango_z(x, y, n, margin)) for x, y, _ in tables])
+    z_obs = float(tango_z(b, c, n, margin))
+    for alternative, region in (("greater", z >= z_obs - 1e-9), ("less", z <= z_obs + 1e-9)):
+        best = 0.0
+        for nu in np.linspace(max(0.0, -margin), (1 - margin) / 2, 1201):
+            probs = [nu + margin, nu, max(0.0, 1 - 2 * nu - margin)]
+            best = max(best, float(multinomial.pmf(tables[region], n, probs).sum()))
+        assert paired_drop_p(b, c, n, margin, alternative) == pytest.approx(best, rel=1e-4, abs=1e-9)
+
+
+def test_the_margin_test_at_plus_and_minus_100_percent():
+    """No drop exceeds 100 % or falls below −100 %: "drop > 100 %" is never supported and "drop < 100 %" is shown
+    unless every item broke; the mirror at −100 % (issue 73, case 5: both were inverted)."""
+    assert paired_drop_p(0, 0, 200, 1.0) == 1.0 and paired_drop_p(0, 0, 200, 1.0, "less") == 0.0
+    assert paired_drop_p(200, 0, 200, 1.0, "less") == 1.0
+    assert paired_drop_p(80, 0, 200, -1.0) == 0.0 and paired_drop_p(80, 0, 200, -1.0, "less") == 1.0
+    assert paired_drop_p(0, 200, 200, -1.0) == 1.0
 
 
 def test_paired_drop_p_refuses_impossible_counts():

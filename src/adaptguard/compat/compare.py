@@ -14,10 +14,10 @@ import math
 from pathlib import Path
 
 from ..plugins import get_similarity
-from .decide import across_tasks, pooled_entry
+from .decide import across_verdict, churn, flag_regressions, is_churn, pooled_entry
 from .formats import read_runs
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
-from .replicates import above_chance_p, benjamini_hochberg, chance_rate, items_beyond_noise, replicate_flips
+from .replicates import chance_rate, items_beyond_noise, replicate_flips
 from .runs import RunError, Sample, TaskRun
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
@@ -210,29 +210,20 @@ def _same_choices(samples: list, look: int = 50) -> bool:
 
 
 def _is_churn(entry: dict, samples: list, alpha: float) -> dict | None:
-    """Chance churn of a multiple-choice task: is the old model above chance (`replicates.chance_rate`: the mean of
-    1/#choices, or — where every item offers the same choices — the majority label's share)? None for a task that
-    is not multiple choice."""
-    if "metric" not in entry or any(s.n_choices is None for s in samples):
+    """Chance churn of a multiple-choice task (`decide.churn`), its chance level from its output type: the mean of
+    1/#choices, or — where every item offers the same choices — the majority label's share
+    (`replicates.chance_rate`). None for any other task: a loglikelihood, rolling or generated answer has no chance
+    level, so its flips are never churn (a lambada-style task logs one [ll, is_greedy] per document: one "choice")."""
+    if "metric" not in entry or entry.get("output_type") not in ("multiple_choice", None):
+        return None
+    if any(s.n_choices is None or s.n_choices < 2 for s in samples):
         return None
     fixed = _same_choices(samples)
     chance = chance_rate([s.n_choices for s in samples],
                          [s.target for s in samples] if fixed else list(range(len(samples))))
     n = entry["n"]
-    p = above_chance_p(round(entry["old_acc"] * n), n, chance)
-    return {"chance": chance, "old_acc": entry["old_acc"], "p_above_chance": p, "churn": p >= alpha}
-
-
-def _flag_tasks(tasks: dict[str, dict], alpha: float, include_churn: bool) -> None:
-    """Benjamini–Hochberg over the tasks' regression tests (churn tasks left out unless `include_churn`): each
-    tested entry gets `regression` = {p, p_bh, flagged}."""
-    names = [k for k, e in tasks.items() if "replicates" in e and (include_churn or not (e.get("churn") or {})
-                                                                    .get("churn"))]
-    flagged, adjusted = benjamini_hochberg([tasks[k]["replicates"]["p_value"] for k in names], alpha)
-    for name, f, p in zip(names, flagged, adjusted):
-        r = tasks[name]["replicates"]
-        tasks[name]["regression"] = {"tested": r["tested"], "p": r["p_value"], "p_bh": p,
-                                     "flagged": bool(f and r["estimate"] > 0)}
+    guess = sum(1 / s.n_choices for s in samples) / len(samples)
+    return churn(entry["old_acc"] * n, entry["new_acc"] * n, entry["n_negative_flips"], n, chance, guess, alpha)
 
 
 def _metric_for(metric: str | dict[str, str] | None, task: str) -> str | None:
@@ -268,19 +259,13 @@ def _select_tasks(old: dict, new: dict, old_path, new_path, tasks: str | None, c
 
 def _across_tasks(mine: dict[str, dict], alpha: float) -> dict | None:
     """Kübler et al.'s verdict across a candidate's tasks (every task with a 0/1 metric, churn included: an
-    accuracy test is valid at chance): the pooled, max-drop and Fisher p-values of "the new model is worse", each
-    at α/3."""
+    accuracy test is valid at chance; `decide.across_verdict`)."""
     names = [k for k, e in mine.items() if "_runs" in e]
     if not names:
         return None
     pooled = pooled_entry([mine[k]["_runs"][0] for k in names], [mine[k]["_runs"][1] for k in names])
-    p = across_tasks([mine[k] for k in names], pooled)
     return {"tasks": names, "n": pooled["n"], "old_acc": pooled["old_acc"], "new_acc": pooled["new_acc"],
-            "pooled": {k: v for k, v in pooled.items() if k != "replicates"} | (
-                {"replicates": {k: pooled["replicates"][k] for k in ("acc_diff", "acc_diff_se", "acc_diff_df",
-                                                                      "runs_fixed")}}
-                if "replicates" in pooled else {}),
-            "p": p, "alpha_each": alpha / len(p), "regression": bool(min(p.values()) < alpha / len(p))}
+            "pooled": pooled, **across_verdict(names, [mine[k] for k in names], pooled, alpha)}
 
 
 def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: str | dict[str, str] | None = None,
@@ -345,9 +330,8 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
                     entry["churn"] = _is_churn(entry, entry["_samples"][0], alpha)
                 name = task if len(per_filter) == 1 else f"{task},{filt}"
                 mine[name if len(candidates) == 1 else f"{name} [{label}]"] = entry
-        _flag_tasks(mine, alpha, include_churn)
-        pooled = [e["_runs"] for e in mine.values() if "_runs" in e and (include_churn or not (e.get("churn") or {})
-                                                                          .get("churn"))]
+        flag_regressions(mine, alpha, include_churn)
+        pooled = [e["_runs"] for e in mine.values() if "_runs" in e and (include_churn or not is_churn(e))]
         if pooled and sum("_runs" in e for e in mine.values()) > 1:
             import numpy as np
 

@@ -1,13 +1,21 @@
-"""The tests behind every decision `compare` states, on the entries of a `compare_runs` report: one per metric, each
-one-sided, so that the same test says whether a threshold is breached (the data support "metric > θ") or clear (they
-support "metric < θ"), and the tasks' accuracy tests combined into one verdict across tasks (Kübler et al. 2026).
+"""Every decision `compare` states, in one module: per (task, threshold) breach / clear / undecided, per task whether
+its flips are churn and whether the data support a regression, and across tasks Kübler et al.'s (2026) verdict. The
+rendering (terminal, table, Markdown, page) only reads these decisions, so no sentence can say more than a test did.
+
+Each metric has one one-sided test, so the same test says whether a threshold is breached (the data support
+"metric > θ") or clear (they support "metric < θ"):
 
 - one run per side: rates of items (`nfr`, `pfr`, `inconsistency_flips`, `old_acc`, `new_acc`, `smooth_nfr`,
   `smooth_pfr`) and `btc` (a rate over the items the old model got right): the exact binomial test on the item
-  counts; `acc_drop` (= old_acc − new_acc): the exact McNemar test against 0, Tango's score test against a margin
-  (`metrics.paired_drop_p`);
+  counts; `acc_drop` (= old_acc − new_acc): the exact McNemar test against 0, the exact unconditional score test
+  against a margin (`metrics.paired_drop_p`); sizes ≤ α at every n (docs/compat.md's tables, by enumeration);
 - replicate runs on a side: `nfr`, `excess_nfr` (NFR beyond the noise floor of reruns) and `acc_drop` by a t-test on
-  the run-level standard error (runs and items, `replicates.replicate_flips`); other rates have no run-level test.
+  the run-level standard error (runs and items, `replicates.replicate_flips`), and never more than the item-level
+  exact test on the same items claims (the per-item means over run pairs, counted toward the null): identical reruns
+  are one run, not a standard error of 0; other rates have no run-level test.
+
+The interval printed beside a decision is the one it uses: the one-sided bounds at 1 − α each (a two-sided 1 − 2α
+interval), so a breach of "> θ" is exactly "the lower bound is above θ", and a clear "the upper bound is below θ".
 """
 
 from __future__ import annotations
@@ -16,9 +24,11 @@ import math
 
 RATE_METRICS = ("nfr", "pfr", "inconsistency_flips", "old_acc", "new_acc", "btc", "smooth_nfr", "smooth_pfr")
 RUN_LEVEL_METRICS = ("nfr", "excess_nfr", "acc_drop")  # with a run-level test when a side has replicates
-# metrics about which answers flipped: on a task where the old model is at chance they measure churn, not the update
+# metrics about which answers flipped: on a task where both models may be guessing they measure churn, not the update
 FLIP_METRICS = ("nfr", "pfr", "btc", "inconsistency_flips", "excess_nfr", "smooth_nfr", "smooth_pfr")
 ACROSS_METHODS = ("pooled", "max_drop", "fisher")
+DECISIONS = ("breach", "undecided", "clear")  # the one vocabulary of every output
+_EPS = 1e-9  # per-item means over run pairs summed: counts to within rounding
 
 
 def replicated(entry: dict) -> bool:
@@ -36,8 +46,9 @@ def value(entry: dict, metric: str) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
 
 
-def counts(entry: dict, metric: str) -> tuple[int, int]:
-    """(successes, trials) behind a rate metric of a single-run entry."""
+def counts(entry: dict, metric: str) -> tuple[float, int]:
+    """(successes, trials) behind a rate metric; with replicates the successes are a sum of per-item means over run
+    pairs (not always whole)."""
     n = entry["n"]
     if metric == "btc":  # over the items the old model got right; both right = old right − negative flips
         old_right = round(entry["old_acc"] * n)
@@ -47,6 +58,38 @@ def counts(entry: dict, metric: str) -> tuple[int, int]:
     return round(entry[metric] * n), n
 
 
+def binomial_p(k: float, n: int, rate: float, greater: bool) -> float:
+    """Exact one-sided binomial p of H0 "rate ≤ `rate`" (`greater`) or "≥" on k successes of n, any `rate`: beyond
+    [0, 1] H0 holds or fails for sure; a count that is not whole is rounded toward H0 (a per-item mean over runs)."""
+    from scipy.stats import binomtest
+
+    k = math.floor(k + _EPS) if greater else math.ceil(k - _EPS)
+    if n == 0:
+        return 1.0
+    if greater:
+        if rate >= 1:
+            return 1.0
+        if rate <= 0:  # H0 "rate ≤ 0": one success refutes it
+            return 0.0 if k > 0 else 1.0
+        return float(binomtest(k, n, rate, alternative="greater").pvalue)
+    if rate <= 0:
+        return 1.0
+    if rate >= 1:
+        return 1.0 if k >= n else 0.0
+    return float(binomtest(k, n, rate, alternative="less").pvalue)
+
+
+def rate_bounds(k: float, n: int, alpha: float) -> tuple[float, float]:
+    """The one-sided Clopper–Pearson bounds at 1 − α each (the exact binomial test inverted): "rate > θ" is
+    supported at α exactly when the lower bound exceeds θ, "rate < θ" when the upper bound is below it."""
+    from scipy.stats import beta
+
+    lo_k, hi_k = math.floor(k + _EPS), math.ceil(k - _EPS)
+    lo = 0.0 if lo_k <= 0 else float(beta.ppf(alpha, lo_k, n - lo_k + 1))
+    hi = 1.0 if hi_k >= n else float(beta.isf(alpha, hi_k + 1, n - hi_k))
+    return lo, hi
+
+
 def _run_level(entry: dict, metric: str) -> tuple[float, float, float]:
     """(estimate, standard error, degrees of freedom) of a metric tested over runs and items."""
     r = entry["replicates"]
@@ -54,38 +97,98 @@ def _run_level(entry: dict, metric: str) -> tuple[float, float, float]:
             "acc_drop": (-r["acc_diff"], r["acc_diff_se"], r["acc_diff_df"])}[metric]
 
 
+def _item_level_p(entry: dict, metric: str, threshold: float, greater: bool) -> float:
+    """The item-level exact test of a replicated entry: its per-item means over run pairs, summed, as one run's
+    counts (rounded toward H0), the noise floor taken as known for `excess_nfr`. Identical reruns give exactly one
+    run's exact test."""
+    from .metrics import paired_drop_p
+
+    r, n = entry["replicates"], entry["n"]
+    b, c = r["nfr"] * n, r["pfr"] * n
+    if metric == "acc_drop":
+        b, c = (math.floor(b + _EPS), math.ceil(c - _EPS)) if greater else (math.ceil(b - _EPS), math.floor(c + _EPS))
+        return paired_drop_p(b, min(c, n - b), n, threshold, "greater" if greater else "less")
+    shift = r["noise_floor"] if metric == "excess_nfr" else 0.0
+    return binomial_p(b, n, threshold + shift, greater)
+
+
 def p_beyond(entry: dict, metric: str, threshold: float, op: str) -> float:
     """p-value of H0 "metric ≤ threshold" against "metric > threshold" (`op` ">"), or of "≥" against "<" (`op` "<"),
     by the metric's test (module docstring)."""
-    from scipy.stats import binomtest
-
     from .metrics import paired_drop_p
     from .replicates import t_sf
 
+    greater = op == ">"
     if replicated(entry):
         estimate, se, df = _run_level(entry, metric)
-        z = estimate - threshold if op == ">" else threshold - estimate
-        return t_sf(z / se, df) if se > 0 else float(z <= 0)
+        z = estimate - threshold if greater else threshold - estimate
+        p_runs = t_sf(z / se, df) if se > 0 else float(z <= 0)
+        return max(p_runs, _item_level_p(entry, metric, threshold, greater))
     if metric == "acc_drop":
         return paired_drop_p(entry["n_negative_flips"], entry["n_positive_flips"], entry["n"], threshold,
-                             "greater" if op == ">" else "less")
+                             "greater" if greater else "less")
+    k, n = counts(entry, metric)
+    return binomial_p(k, n, threshold, greater)
+
+
+def interval(entry: dict, metric: str, alpha: float) -> tuple[float, float] | None:
+    """The interval a decision on `metric` uses (module docstring): its lower end above θ is a breach of "> θ", its
+    upper end below θ a clear. None for `acc_drop` of one run (its test has no closed-form inverse: the decision
+    shows p-values) and for metrics without a test."""
+    from .replicates import t_quantile
+
+    if replicated(entry):
+        if metric not in RUN_LEVEL_METRICS or metric == "acc_drop":
+            return None
+        estimate, se, df = _run_level(entry, metric)
+        half = t_quantile(1 - alpha, df) * se
+        r, n = entry["replicates"], entry["n"]
+        lo, hi = rate_bounds(r["nfr"] * n, n, alpha)
+        shift = r["noise_floor"] if metric == "excess_nfr" else 0.0
+        return min(estimate - half, lo - shift), max(estimate + half, hi - shift)
+    if metric not in RATE_METRICS:
+        return None
+    k, n = counts(entry, metric)
+    return rate_bounds(k, n, alpha) if n else None
+
+
+def items_needed(entry: dict, metric: str, threshold: float, op: str, alpha: float, cap: int = 10_000_000
+                 ) -> int | None:
+    """For an undecided rate of one run: how many items, at the rate observed, its test needs to decide (either
+    way); None when no number does (the rate equals the threshold) or the metric is not a rate of one run."""
+    if replicated(entry) or metric not in RATE_METRICS:
+        return None
     k, n = counts(entry, metric)
     if n == 0:
-        return 1.0
-    p0 = min(max(threshold, 0.0), 1.0)
-    return float(binomtest(k, n, p0, alternative="greater" if op == ">" else "less").pvalue)
+        return None
+    rate = k / n
+    if rate == threshold:
+        return None
+    greater = rate > threshold  # the side the data lean to decides: a breach of ">" or a clear of "<", and back
+
+    def decided(m: int) -> bool:
+        return binomial_p(rate * m, m, threshold, greater) < alpha
+
+    lo, hi = n, n
+    while not decided(hi):
+        lo, hi = hi, hi * 2
+        if hi > cap:
+            return None
+    while hi - lo > max(1, lo // 100):  # to 1 %: a plan, not a promise
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decided(mid) else (mid, hi)
+    return hi
 
 
 def mde(entry: dict, metric: str, alpha: float, power: float = 0.8) -> float | None:
     """The smallest true change from none (0) that the metric's one-sided test at `alpha` detects with `power`: from
     the run-level standard error with replicates, and for a single run's `acc_drop` from the spread of the per-item
-    differences, (z_{1−α} + z_power) · sd / √n (the paired normal test). None for rates of one run: their binomial
-    test has no spread to plan from (the decision says how far the data reach instead)."""
+    differences, (z_{1−α} + z_power) · sd / √n (the paired normal test). None for rates of one run (`items_needed`
+    plans those) and where no spread was seen (no item changed: nothing to plan from, the MDE is undefined, not 0)."""
     from scipy.stats import norm
 
     from .replicates import min_detectable_effect
 
-    # no spread seen (no item changed): nothing to plan from, the MDE is undefined, not 0
     if replicated(entry) and metric in RUN_LEVEL_METRICS:
         _, se, df = _run_level(entry, metric)
         return min_detectable_effect(se, df, 2 * alpha, power) if se > 0 else None  # two-sided at 2α = one-sided α
@@ -98,12 +201,83 @@ def mde(entry: dict, metric: str, alpha: float, power: float = 0.8) -> float | N
 
 def test_name(entry: dict, metric: str, threshold: float = 0.0) -> str:
     if replicated(entry):
-        return "one-sided t-test over runs and items"
+        return "one-sided t-test over runs and items, and the item-level exact test"
     if metric == "acc_drop":
-        return "exact one-sided McNemar" if threshold == 0 else "Tango's score test against the margin"
+        return "exact one-sided McNemar" if threshold == 0 else "exact unconditional score test against the margin"
     return "exact one-sided binomial on the item counts"
 
 
+def decide_threshold(name: str, entry: dict, t, alpha: float | None) -> dict:
+    """One (task, threshold) decided (module docstring): `decision` ∈ DECISIONS, `why`, `p_value` (of the breach
+    test), `p_within` (of the clear test), `interval` and `level` (the decision's), `mde` / `items_needed` (how far the
+    data reach, where undecided), `test`. With `alpha` None, raw values compared (no test)."""
+    v = value(entry, t.metric)
+    base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": v}
+    if alpha is None:
+        beyond = v > t.value if t.op == ">" else v < t.value
+        return {**base, "decision": "breach" if beyond else "clear",
+                "why": "beyond the threshold" if beyond else "within the threshold", "p_value": None,
+                "p_within": None, "test": None, "interval": None, "level": None, "mde": None, "items_needed": None}
+    flip = "<" if t.op == ">" else ">"
+    p, p_within = p_beyond(entry, t.metric, t.value, t.op), p_beyond(entry, t.metric, t.value, flip)
+    beyond = v > t.value if t.op == ">" else v < t.value
+    if p < alpha:
+        decision, why = "breach", "the data support it"
+    elif p_within < alpha:
+        decision, why = "clear", "the data show it within the threshold"
+    elif beyond:
+        decision, why = "undecided", "beyond the threshold, but not significantly"
+    else:
+        decision, why = "undecided", "within the threshold, but the data cannot show it"
+    undecided = decision == "undecided"
+    return {**base, "decision": decision, "why": why, "p_value": p, "p_within": p_within,
+            "test": test_name(entry, t.metric, t.value), "interval": interval(entry, t.metric, alpha),
+            "level": 1 - 2 * alpha, "mde": mde(entry, t.metric, alpha),
+            "items_needed": items_needed(entry, t.metric, t.value, t.op, alpha) if undecided else None}
+
+
+# ------------------------------------------------------------------------------------------------- churn
+def churn(old_correct: float, new_correct: float, negative_flips: float, n: int, chance: float, guess_rate: float,
+          alpha: float) -> dict:
+    """Are a multiple-choice task's flips churn (both models possibly guessing), to be left out of the flip metrics?
+    Only when nothing shows otherwise: the old model not shown above `chance` (what answering without the ability
+    scores: `replicates.chance_rate`), the new model not shown below `guess_rate` (a uniform guess, mean 1/#choices:
+    no guessing scores less, so below it the new model avoids the right answers), and the right → wrong flips not
+    shown above what two independent guessers make, chance · (1 − guess_rate). One-sided exact binomial tests at
+    `alpha`; absence of evidence never hides a flip the data support."""
+    p_old = binomial_p(old_correct, n, chance, greater=True)
+    p_new = binomial_p(new_correct, n, guess_rate, greater=False)
+    p_flips = binomial_p(negative_flips, n, chance * (1 - guess_rate), greater=True)
+    return {"chance": chance, "guess_rate": guess_rate, "old_acc": old_correct / n, "new_acc": new_correct / n,
+            "p_above_chance": p_old, "p_new_below_chance": p_new, "p_flips_beyond_guessing": p_flips,
+            "churn": p_old >= alpha and p_new >= alpha and p_flips >= alpha}
+
+
+def is_churn(entry: dict) -> bool:
+    return bool((entry.get("churn") or {}).get("churn"))
+
+
+# -------------------------------------------------------------------------------------- regressions, per task
+def regression_p(entry: dict) -> float:
+    """The per-task test of "a regression" with no threshold given: one run per side, the accuracy drop above 0
+    (exact McNemar); with replicates, the excess NFR above 0 (runs and items, and the item-level exact test)."""
+    return p_beyond(entry, "excess_nfr" if replicated(entry) else "acc_drop", 0.0, ">")
+
+
+def flag_regressions(tasks: dict[str, dict], alpha: float, include_churn: bool) -> None:
+    """Benjamini–Hochberg over the tasks' regression tests (`regression_p`; churn tasks left out unless
+    `include_churn`): each tested entry gets `regression` = {tested, p, p_bh, flagged}."""
+    from .replicates import benjamini_hochberg
+
+    names = [k for k, e in tasks.items() if "replicates" in e and (include_churn or not is_churn(e))]
+    ps = [regression_p(tasks[k]) for k in names]
+    flagged, adjusted = benjamini_hochberg(ps, alpha)
+    for name, f, p, p_adj in zip(names, flagged, ps, adjusted):
+        tasks[name]["regression"] = {"tested": "excess_nfr" if replicated(tasks[name]) else "acc_drop", "p": p,
+                                     "p_bh": p_adj, "flagged": bool(f)}
+
+
+# ---------------------------------------------------------------------------------------------- across tasks
 def pooled_entry(olds, news) -> dict:
     """One entry for the items of several tasks pooled (the tasks' (runs, items) answers side by side), for the
     pooled test across tasks: counts with one run per side, the run-level statistics with replicates."""
@@ -116,7 +290,8 @@ def pooled_entry(olds, news) -> dict:
     if len(o) == 1 and len(n) == 1:
         return flip_metrics(o[0], n[0], interval="exact")  # Clopper–Pearson, as every per-task entry of compare
     rep = replicate_flips(o, n)
-    return {"n": o.shape[1], "old_acc": rep["old_acc"], "new_acc": rep["new_acc"], "replicates": rep}
+    return {"n": o.shape[1], "old_acc": rep["old_acc"], "new_acc": rep["new_acc"], "nfr": rep["nfr"],
+            "pfr": rep["pfr"], "replicates": rep}
 
 
 def across_tasks(entries: list[dict], pooled: dict, margin: float = 0.0, op: str = ">") -> dict[str, float]:
@@ -127,3 +302,44 @@ def across_tasks(entries: list[dict], pooled: dict, margin: float = 0.0, op: str
 
     per_task = [p_beyond(e, "acc_drop", margin, op) for e in entries]
     return {"pooled": p_beyond(pooled, "acc_drop", margin, op), **combined_drop_p(per_task)}
+
+
+def decide_across(name: str, names: list[str], entries: list[dict], pooled: dict, t, alpha: float | None) -> dict:
+    """`overall:acc_drop>θ` (or `<θ`) decided across tasks, stating exactly what its test shows: a breach of the
+    pooled drop (the pooled test at α/3), or — named as such, with the task — "some task dropped more than θ" (the
+    max-drop or Fisher test at α/3; the task is the one with the smallest p); clear when the pooled test shows the
+    pooled drop within θ at α and neither other test rejects; else undecided."""
+    drop = pooled["old_acc"] - pooled["new_acc"]
+    base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": drop,
+            "shows": "pooled", "worst_task": None, "interval": None, "level": None, "items_needed": None}
+    if alpha is None:
+        beyond = drop > t.value if t.op == ">" else drop < t.value
+        return {**base, "decision": "breach" if beyond else "clear",
+                "why": "beyond the threshold" if beyond else "within the threshold", "p_value": None,
+                "p_within": None, "test": None, "mde": None}
+    split = alpha / len(ACROSS_METHODS)
+    towards = across_tasks(entries, pooled, t.value, t.op)
+    within = p_beyond(pooled, "acc_drop", t.value, "<" if t.op == ">" else ">")
+    per_task = [p_beyond(e, "acc_drop", t.value, t.op) for e in entries]
+    worst = min(range(len(entries)), key=per_task.__getitem__)
+    test = f"pooled, max-drop and Fisher tests, each at α/3 = {split:.3g}"
+    out = {**base, "p_value": min(1.0, len(ACROSS_METHODS) * min(towards.values())), "p_within": within,
+           "p_methods": towards, "test": test, "mde": None}
+    if towards["pooled"] < split:
+        return {**out, "decision": "breach", "why": "the data support it"}
+    if min(towards["max_drop"], towards["fisher"]) < split:
+        e = entries[worst]
+        return {**out, "decision": "breach", "shows": "some_task", "value": e["old_acc"] - e["new_acc"],
+                "worst_task": names[worst], "why": "some task dropped beyond the threshold"}
+    beyond = drop > t.value if t.op == ">" else drop < t.value
+    if within < alpha:
+        return {**out, "decision": "clear", "why": "the data show it within the threshold"}
+    return {**out, "decision": "undecided", "mde": mde(pooled, "acc_drop", alpha),
+            "why": "beyond the threshold, but not significantly" if beyond else
+            "within the threshold, but the data cannot show it"}
+
+
+def across_verdict(names: list[str], entries: list[dict], pooled: dict, alpha: float) -> dict:
+    """With no threshold: does the data support an accuracy drop across the tasks (any of the three tests at α/3)?"""
+    p = across_tasks(entries, pooled)
+    return {"p": p, "alpha_each": alpha / len(p), "regression": bool(min(p.values()) < alpha / len(p))}

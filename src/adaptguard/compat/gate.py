@@ -26,15 +26,14 @@ import re
 from dataclasses import dataclass
 
 from .decide import (
-    ACROSS_METHODS,
+    DECISIONS,
     FLIP_METRICS,
     RATE_METRICS,
     RUN_LEVEL_METRICS,
-    across_tasks,
-    mde,
-    p_beyond,
+    decide_across,
+    decide_threshold,
+    is_churn,
     replicated,
-    test_name,
     value,
 )
 from .metrics import DELTA_KEYS
@@ -85,27 +84,15 @@ class Threshold:
             if metric not in IN_RATE_UNITS:
                 raise GateError(f"--fail-on {expr!r}: {metric} is not a rate; give its threshold without %")
             value /= 100
-        elif metric in IN_RATE_UNITS and abs(value) > 1:
+        elif metric in IN_RATE_UNITS and abs(value) >= 1:  # `1` is 1 % or 100 %: say which
             raise GateError(f"--fail-on {expr!r}: {metric} is a rate (the table prints it in %): write "
-                            f"{text}% or {value / 100:g}")
+                            f"{text}% or {value * 100:g}%" + (" (a fraction below 1, or a percentage)" if abs(value) == 1
+                                                             else f" or {value / 100:g}"))
+        low = 0.0 if metric in RATE_METRICS else -1.0  # a rate lies in [0, 1]; a difference of rates in [−1, 1]
+        if metric in IN_RATE_UNITS and not low <= value <= 1:
+            raise GateError(f"--fail-on {expr!r}: {metric} lies between {100 * low:g}% and 100%; a threshold of "
+                            f"{100 * value:g}% would decide nothing")
         return cls(expr=expr, metric=metric, op=m["op"], value=value, tasks=(m["tasks"] or "*").strip())
-
-
-def _decision(name: str, t: Threshold, v: float, p: float | None, p_within: float | None, alpha: float | None,
-              test: str | None, mde_value: float | None = None) -> dict:
-    if alpha is None:
-        beyond = v > t.value if t.op == ">" else v < t.value
-        decision, why = ("breach", "beyond the threshold") if beyond else ("clear", "within the threshold")
-    elif p < alpha:
-        decision, why = "breach", "the data support it"
-    elif p_within < alpha:
-        decision, why = "clear", "the data show it within the threshold"
-    elif (v > t.value if t.op == ">" else v < t.value):
-        decision, why = "undecided", "beyond the threshold, but not significantly"
-    else:
-        decision, why = "undecided", "within the threshold, but the data cannot show it"
-    return {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": v,
-            "decision": decision, "why": why, "p_value": p, "p_within": p_within, "test": test, "mde": mde_value}
 
 
 def _check(t: Threshold, entries: list[dict], significance: float | None) -> None:
@@ -128,31 +115,16 @@ def _check(t: Threshold, entries: list[dict], significance: float | None) -> Non
 
 
 def _across(report: dict, t: Threshold, significance: float | None) -> list[dict]:
-    """`overall:acc_drop>VALUE`: one decision per candidate, the tasks' accuracy tests combined."""
+    """`overall:acc_drop>VALUE`: one decision per candidate, the tasks' accuracy tests combined (`decide_across`)."""
     if t.metric != "acc_drop":
         raise GateError(f"--fail-on {t.expr!r}: across tasks only acc_drop is combined (Kübler et al.'s pooled, "
                         f"max-drop and Fisher tests); gate {t.metric} per task, e.g. '{t.metric}{t.op}...'")
     across = report.get("across_tasks") or {}
     if not across:
         raise GateError(f"--fail-on {t.expr!r}: no task with a 0/1 metric to combine")
-    out = []
-    for label, a in across.items():
-        name = ACROSS if len(across) == 1 else f"{ACROSS} [{label}]"
-        entries = [report["tasks"][k] for k in a["tasks"]]
-        drop = a["pooled"]["old_acc"] - a["pooled"]["new_acc"]
-        if significance is None:
-            out.append(_decision(name, t, drop, None, None, None, None))
-            continue
-        towards = across_tasks(entries, a["pooled"], t.value, t.op)
-        within = across_tasks(entries, a["pooled"], t.value, "<" if t.op == ">" else ">")["pooled"]
-        split = significance / len(ACROSS_METHODS)
-        # a breach when any of the three tests rejects at α/3 (Bonferroni): report the smallest p scaled back to α
-        p = min(1.0, len(ACROSS_METHODS) * min(towards.values()))
-        d = _decision(name, t, drop, p, within, significance,
-                      f"pooled, max-drop and Fisher tests, each at α/3 = {split:.3g}")
-        d["p_methods"] = towards
-        out.append(d)
-    return out
+    return [decide_across(ACROSS if len(across) == 1 else f"{ACROSS} [{label}]", a["tasks"],
+                          [report["tasks"][k] for k in a["tasks"]], a["pooled"], t, significance)
+            for label, a in across.items()]
 
 
 def check_gate(report: dict, thresholds: list[Threshold], significance: float | None = None) -> dict:
@@ -167,8 +139,7 @@ def check_gate(report: dict, thresholds: list[Threshold], significance: float | 
     if significance is not None and not 0 < significance < 1:
         raise GateError(f"--significance {significance}: must be in (0, 1), e.g. 0.05")
     decisions, left_out = [], []
-    churn = {name for name, e in report["tasks"].items()
-             if (e.get("churn") or {}).get("churn") and not report.get("include_churn")}
+    churn = {name for name, e in report["tasks"].items() if is_churn(e) and not report.get("include_churn")}
     for t in thresholds:
         if t.tasks == ACROSS:
             decisions += _across(report, t, significance)
@@ -180,21 +151,14 @@ def check_gate(report: dict, thresholds: list[Threshold], significance: float | 
         _check(t, entries, significance)
         for name, entry in zip(tasks, entries):
             if name in churn and t.metric in FLIP_METRICS:
-                left_out.append({"task": name, "expr": t.expr, "why": "churn: the old model is not above chance, so "
-                                 "its flips are noise (--include-churn counts them)"})
+                left_out.append({"task": name, "expr": t.expr, "why": "churn: nothing shows either model above "
+                                 "guessing, nor flips beyond what guessing makes (--include-churn counts them)"})
                 continue
-            v = value(entry, t.metric)
-            if v is None:
+            if value(entry, t.metric) is None:
                 left_out.append({"task": name, "expr": t.expr, "why": f"{t.metric} is not defined on this task"})
                 continue
-            if significance is None:
-                decisions.append(_decision(name, t, v, None, None, None, None))
-                continue
-            flip = "<" if t.op == ">" else ">"
-            decisions.append(_decision(name, t, v, p_beyond(entry, t.metric, t.value, t.op),
-                                       p_beyond(entry, t.metric, t.value, flip), significance,
-                                       test_name(entry, t.metric, t.value), mde(entry, t.metric, significance)))
-    kinds = {k: [d for d in decisions if d["decision"] == k] for k in ("breach", "undecided", "clear")}
+            decisions.append(decide_threshold(name, entry, t, significance))
+    kinds = {k: [d for d in decisions if d["decision"] == k] for k in DECISIONS}
     status = "breach" if kinds["breach"] else "undecided" if kinds["undecided"] or not decisions else "clear"
     nothing = None
     if not decisions:
@@ -218,47 +182,74 @@ def _rate(metric: str, value: float) -> str:
     return f"{100 * value:.2f}%" if metric in IN_RATE_UNITS else f"{value:.4g}"
 
 
+def _reach(d: dict) -> str:
+    """How far the data reach, for an undecided decision: the MDE, the items needed at the rate seen, or why not."""
+    if d.get("mde") is not None:
+        return f"the data detect a change of {_rate(d['metric'], d['mde'])} at 80 % power: add items or runs"
+    if d.get("items_needed") is not None:
+        return f"at the rate seen, about {d['items_needed']:,} items would decide it"
+    if d["value"] == d["threshold"]:
+        return "the value seen equals the threshold: no number of items decides it at this value"
+    return "no change was seen to plan from: add items or runs"
+
+
 def decision_line(d: dict) -> str:
-    """One decision in words: the value, the threshold, the decision and the test's p."""
+    """One decision in words: the value, the threshold, the decision, the test's p and the interval it used."""
     metric = d["metric"]
     where = "≤" if d["op"] == ">" else "≥"
     head = f"{d['task']}: {metric} = {_rate(metric, d['value'])}"
+    if d.get("shows") == "some_task" and d["decision"] == "breach":
+        head = (f"{d['task']}: some task dropped more than {_rate(metric, d['threshold'])} (most: {d['worst_task']}, "
+                f"acc_drop = {_rate(metric, d['value'])})")
     if d["p_value"] is None:
         return f"{head} {d['op'] if d['decision'] == 'breach' else where} {_rate(metric, d['threshold'])}  [{d['expr']}]"
+    ci = ""
+    if d.get("interval") is not None:
+        lo, hi = d["interval"]
+        ci = f"; {round(100 * d['level'])} % interval {_rate(metric, lo)} to {_rate(metric, hi)}"
     if d["decision"] == "breach":
-        body = f"{d['op']} {_rate(metric, d['threshold'])} (p = {d['p_value']:.3g}, {d['test']})"
+        if d.get("shows") == "some_task":
+            body = f"(max-drop/Fisher p = {d['p_value']:.3g}, {d['test']})"
+        else:
+            body = f"{d['op']} {_rate(metric, d['threshold'])} (p = {d['p_value']:.3g}, {d['test']}{ci})"
     elif d["decision"] == "clear":
-        body = f"{'<' if d['op'] == '>' else '>'} {_rate(metric, d['threshold'])} shown (p = {d['p_within']:.3g}, {d['test']})"
+        body = (f"{'<' if d['op'] == '>' else '>'} {_rate(metric, d['threshold'])} shown (p = {d['p_within']:.3g}, "
+                f"{d['test']}{ci})")
     else:
         if d["why"].startswith("beyond"):
             body = f"{d['op']} {_rate(metric, d['threshold'])} but not significantly (p = {d['p_value']:.3g} ≥ α"
         else:
             body = (f"{where} {_rate(metric, d['threshold'])} but not shown {'below' if d['op'] == '>' else 'above'} "
                     f"it (p = {d['p_within']:.3g} ≥ α")
-        body += f", {d['test']}"
-        body += (f"; the data detect a change of {_rate(metric, d['mde'])} at 80 % power: add items or runs)"
-                 if d.get("mde") is not None else "): add items or runs")
+        body += f", {d['test']}{ci}; {_reach(d)})"
     return f"{head} {body}  [{d['expr']}]"
 
 
+def headline(gate: dict) -> str:
+    """The gate's outcome in one line: what the exit status says, and what was left out of it."""
+    counts = ", ".join(f"{len([d for d in gate['decisions'] if d['decision'] == k])} {k}" for k in DECISIONS)
+    left = len(gate["left_out"])
+    out = f" ({counts}; {left} (task, threshold) pair{'s' * (left != 1)} left out)" if left else f" ({counts})"
+    if gate["status"] == "breach":
+        return "gate: FAILED, a breach the data support" + out
+    if gate["status"] == "undecided":
+        return "gate: UNDECIDED, no breach but not every threshold could be decided" + out
+    return ("gate: passed, every threshold decided is clear" if left else "gate: passed, every threshold clear") + out
+
+
 def describe(gate: dict) -> str:
-    """The gate's decision for the terminal: one line per breach and undecided threshold, what was left out."""
+    """The gate's decision for the terminal: the headline, one line per breach and undecided threshold, what was left
+    out."""
     alpha = gate["significance"]
     how = (f"breach: its one-sided test at p < {alpha:g}; clear: the opposite test at p < {alpha:g}"
            if alpha is not None else "raw values compared, no test (--significance off)")
-    kinds = {k: len([d for d in gate["decisions"] if d["decision"] == k]) for k in ("breach", "undecided", "clear")}
-    counts = ", ".join(f"{n} {k}" for k, n in kinds.items())
-    if gate["status"] == "breach":
-        lines = [f"gate: FAILED ({counts}; {how}):"]
-    elif gate["status"] == "undecided":
-        lines = [f"gate: UNDECIDED, no breach but not every threshold could be decided ({counts}; {how}):"]
-    else:
-        lines = [f"gate: passed, every threshold clear ({counts}; {how})"]
+    lines = [f"{headline(gate)}; {how}" + (":" if gate["status"] != "clear" else "")]
     if gate.get("nothing_decided"):
         lines.append(f"  {gate['nothing_decided']}")
     for kind in ("breach", "undecided"):
         lines += [f"  {kind}: {decision_line(d)}" for d in gate["decisions"] if d["decision"] == kind]
-    left = sorted({x["task"] for x in gate["left_out"] if x["why"].startswith("churn")})
-    if left and not gate.get("nothing_decided"):
-        lines.append(f"  churn tasks left out: {', '.join(left)} (of the flip metrics; their accuracy tests stay)")
+    if gate["left_out"] and not gate.get("nothing_decided"):
+        for why in sorted({x["why"] for x in gate["left_out"]}):
+            tasks = sorted({x["task"] for x in gate["left_out"] if x["why"] == why})
+            lines.append(f"  left out: {', '.join(tasks)} ({why})")
     return "\n".join(lines)

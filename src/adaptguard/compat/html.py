@@ -21,8 +21,9 @@ padding:0 16px}
 h1{font-size:22px} h2{font-size:18px;margin-top:28px} table{border-collapse:collapse;width:100%;margin:8px 0}
 th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4;position:sticky;top:0} th.sortable{cursor:pointer} th.sortable:after{content:" ⇅";color:#999}
-.verdict{font-size:16px;padding:10px 14px;border-radius:6px;background:#eef6ee;border:1px solid #9c9}
-.verdict.failed{background:#fbeaea;border-color:#d99} .note{color:#666;font-size:13px}
+.verdict{font-size:16px;padding:10px 14px;border-radius:6px;background:#f2f2f2;border:1px solid #bbb}
+.verdict.passed{background:#eef6ee;border-color:#9c9} .verdict.failed{background:#fbe3e3;border-color:#d55}
+.verdict.undecided{background:#fff4dc;border-color:#e0a526} .note{color:#666;font-size:13px}
 .kind-negative td.kind{color:#b00;font-weight:600} .kind-positive td.kind{color:#070;font-weight:600}
 del,ins{background:#fff3bf;text-decoration:none;border-bottom:1px dotted #a80}
 .right{color:#070;font-weight:600} .wrong{color:#b00;font-weight:600} .beyond{font-weight:600}
@@ -161,11 +162,17 @@ def flips_section(flips: list[dict], counts: dict[str, dict[str, int]], cap: int
             + f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
-def page(title: str, verdict: str, failed: bool, sections: list[str]) -> str:
-    """The whole page: title, the verdict first, then the sections (HTML strings), the style and script inline."""
+VERDICT_STATUSES = ("failed", "undecided", "passed", "none")  # red, amber, green, neutral (nothing was gated)
+
+
+def page(title: str, verdict: str, status: str, sections: list[str]) -> str:
+    """The whole page: title, the verdict first, coloured by `status` (`VERDICT_STATUSES`), then the sections (HTML
+    strings), the style and script inline."""
+    if status not in VERDICT_STATUSES:
+        raise ValueError(f"page status must be one of {VERDICT_STATUSES}, got {status!r}")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{STYLE}</style></head><body>'
-            f'<h1>{_e(title)}</h1><div class="verdict{" failed" if failed else ""}" id="verdict">{_e(verdict)}</div>'
+            f'<h1>{_e(title)}</h1><div class="verdict {status}" id="verdict">{_e(verdict)}</div>'
             + "".join(sections) + f"<script>{SCRIPT}</script></body></html>\n")
 
 

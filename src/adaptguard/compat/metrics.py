@@ -68,33 +68,87 @@ def exact_rate_ci(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return (float(ci.low), float(ci.high))
 
 
+def tango_z(n_negative, n_positive, n: int, margin: float):
+    """Tango's (1998) score statistic of the accuracy drop d = (b − c) / n against `margin` (b = right → wrong,
+    c = wrong → right; arrays broadcast): z = (d − margin) / sqrt((2 q + margin (1 − margin)) / n), with q the
+    restricted maximum-likelihood rate of wrong → right under d = margin, the root of
+    2n q² + (b + c − margin (2n − b + c)) · (−q) − c · margin (1 − margin) = 0. At margin 0 it is McNemar's
+    (b − c) / sqrt(b + c)."""
+    b, c = np.asarray(n_negative, dtype=float), np.asarray(n_positive, dtype=float)
+    big_b = -(b + c) + margin * (2 * n - b + c)
+    q = (np.sqrt(np.maximum(0.0, big_b ** 2 + 8 * n * c * margin * (1 - margin))) - big_b) / (4 * n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return ((b - c) / n - margin) / np.sqrt((2 * q + margin * (1 - margin)) / n)
+
+
+def _margin_tail(b: int, c: int, n: int, margin: float, greater: bool) -> float:
+    """The exact unconditional p-value of Tango's z against a margin ≠ 0: the largest probability, over the
+    nuisance rate ν of wrong → right on the boundary (right → wrong = ν + margin), of a z at least as extreme as the
+    observed one. For each number m of changed items the extreme region is b′ ≥ b*(m) (z rises with b′ at fixed m),
+    so a probability is Σ_m Binom(m; n, 2ν + margin) · P(Binom(m, (ν + margin)/(2ν + margin)) beyond b*(m)): O(n)
+    per ν. The sup is taken on a grid of ν refined around its best point (Berger & Boos 1994; Suissa & Shuster
+    1991 for margin 0)."""
+    from scipy.optimize import minimize_scalar
+    from scipy.stats import binom
+
+    z_obs = float(tango_z(b, c, n, margin))
+    m = np.arange(n + 1)
+    # the first b′ (per m) whose z is at least as extreme: a vectorised bisection over b′ ∈ [0, m + 1]
+    lo, hi = np.zeros(n + 1, dtype=np.int64), m + 1
+    tol = 1e-9 * max(1.0, abs(z_obs))
+    while np.any(lo < hi):
+        mid = (lo + hi) // 2
+        z = tango_z(np.minimum(mid, m), m - np.minimum(mid, m), n, margin)
+        beyond = (z >= z_obs - tol) if greater else (z > z_obs + tol)
+        hi, lo = np.where(beyond & (lo < hi), mid, hi), np.where(~beyond & (lo < hi), mid + 1, lo)
+    first = lo  # greater: region b′ ≥ first; less: region b′ < first (z ≤ z_obs)
+
+    def tail(nu) -> np.ndarray:  # (G,) probabilities of the extreme region at the nuisance rates nu (G,)
+        nu = np.atleast_1d(np.asarray(nu, dtype=float))[:, None]
+        s = np.clip(2 * nu + margin, 1e-300, 1.0)
+        pi = np.clip((nu + margin) / s, 0.0, 1.0)
+        inner = binom.sf(first - 1, m, pi) if greater else binom.cdf(first - 1, m, pi)
+        return (binom.pmf(m, n, s) * inner).sum(1)
+
+    lo_nu, hi_nu = max(0.0, -margin), (1 - margin) / 2
+    grid = np.linspace(lo_nu, hi_nu, 201)
+    values = tail(grid)
+    best = int(values.argmax())
+    a, z_ = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    refined = minimize_scalar(lambda nu: -float(tail(nu)[0]), bounds=(a, z_), method="bounded",
+                              options={"xatol": 1e-10})
+    return float(min(1.0, max(values.max(), -refined.fun)))
+
+
 def paired_drop_p(n_negative: int, n_positive: int, n: int, margin: float = 0.0,
                   alternative: str = "greater") -> float:
     """One-sided test of the accuracy drop d = (b − c) / n of two models on the same n items (b = right → wrong,
     c = wrong → right) against `margin`: H0 "d ≤ margin" for `alternative="greater"`, "d ≥ margin" for "less".
 
-    At margin 0 it is the exact McNemar test (b ~ Binomial(b + c, 1/2) given b + c); elsewhere Tango's score test
-    (Tango 1998, the paired-proportions test against a margin): z = (d − margin) / sqrt((2 q + margin (1 − margin)) / n)
-    with q the restricted maximum-likelihood rate of wrong → right under H0, the root of
-    2n q² + (b + c − margin (2n − b + c)) · (−q) − c · margin (1 − margin) = 0. At margin 0 its z is McNemar's
-    (b − c) / sqrt(b + c).
+    At margin 0 it is the exact McNemar test (b ~ Binomial(b + c, 1/2) given b + c). Elsewhere the exact
+    unconditional test ordered by Tango's score statistic (`tango_z`; the sup over the nuisance rate,
+    `_margin_tail`): its size is ≤ α at every n, where Tango's normal approximation breaches a 2 % margin 8 % of the
+    time at n = 300 when the new model only breaks items. At the edges: no drop exceeds 1 or falls below −1, so
+    "d > 1" and "d < −1" are never supported (p = 1), and "d < 1" is shown unless every item broke (b = n), "d > −1"
+    unless every item was fixed (c = n).
     """
-    from scipy.stats import binomtest, norm
+    from scipy.stats import binomtest
 
     if alternative not in ("greater", "less"):
         raise ValueError(f"alternative must be 'greater' or 'less', got {alternative!r}")
     b, c, n = int(n_negative), int(n_positive), int(n)
     if n <= 0 or b < 0 or c < 0 or b + c > n:
         raise ValueError(f"paired_drop_p: need 0 ≤ b + c ≤ n with n > 0, got b={b}, c={c}, n={n}")
-    if not -1 < margin < 1:
-        return float((margin <= -1) == (alternative == "greater"))  # every drop is above −1 and below 1
+    if not math.isfinite(margin):
+        raise ValueError(f"paired_drop_p: the margin must be a finite number, got {margin}")
+    greater = alternative == "greater"
+    if margin >= 1:  # H0 "d ≤ 1" always holds; "d ≥ 1" only when every item broke
+        return 1.0 if greater else float(b == n)
+    if margin <= -1:
+        return float(c == n) if greater else 1.0
     if margin == 0:
         return 1.0 if b + c == 0 else float(binomtest(b, b + c, 0.5, alternative=alternative).pvalue)
-    big_b = -(b + c) + margin * (2 * n - b + c)
-    q = (math.sqrt(max(0.0, big_b ** 2 + 8 * n * c * margin * (1 - margin))) - big_b) / (4 * n)
-    var = (2 * q + margin * (1 - margin)) / n
-    z = ((b - c) / n - margin) / math.sqrt(var)
-    return float(norm.sf(z) if alternative == "greater" else norm.cdf(z))
+    return _margin_tail(b, c, n, margin, greater)
 
 
 def combined_drop_p(p_values) -> dict[str, float]:

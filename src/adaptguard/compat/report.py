@@ -62,8 +62,10 @@ def legend(report: dict) -> tuple[str, str]:
             "old model's right answers kept; incons.: wrong answers that changed (multiple choice);",
             "noise floor: the NFR between reruns of one model (replicates); excess NFR = NFR − noise floor; MDE: the "
             f"smallest change the items (and runs) detect at 80 % power; rates in %, (counts"
-            f"{', means over run pairs' if means else ''}), [{level} % intervals: exact binomial for one run, over "
-            "runs and items with replicates].")
+            f"{', means over run pairs' if means else ''}), [{level} % intervals, the gate's: each end a one-sided "
+            f"{(100 + level) / 2:g} % bound, so a threshold below the lower end is a breach and one above the upper end "
+            "is clear; exact binomial for one run, over runs and items and no narrower than the items' exact one with "
+            "replicates].")
 
 # the table column that shows each gated metric (acc_drop: the new accuracy)
 GATE_COLUMNS = {"old_acc": "acc old → new", "new_acc": "acc old → new", "acc_drop": "acc old → new",
@@ -76,9 +78,16 @@ def task_decisions(gate: dict | None, name: str) -> list[dict]:
     return [d for d in (gate or {}).get("decisions", []) if d["task"] == name]
 
 
-def _verdict(e: dict, name: str, gate: dict | None) -> str:
-    """The task's verdict: the gate's decisions when there is a gate (the worst first), else the BH flag."""
-    churn = "churn (old at chance)" if (e.get("churn") or {}).get("churn") else None
+def _churn_word(e: dict, report: dict) -> str | None:
+    if not (e.get("churn") or {}).get("churn"):
+        return None
+    return "churn, counted (--include-churn)" if report.get("include_churn") else "churn (flips left out)"
+
+
+def _verdict(e: dict, name: str, report: dict) -> str:
+    """The task's verdict: the gate's decisions when there is a gate (the worst first), else the regression flag."""
+    gate = report.get("gate")
+    churn = _churn_word(e, report)
     if gate is not None:
         mine = task_decisions(gate, name)
         for kind in ("breach", "undecided"):
@@ -88,18 +97,21 @@ def _verdict(e: dict, name: str, gate: dict | None) -> str:
         if mine:
             return "clear" + (f"; {churn}" if churn else "")
         return churn or "not gated"
-    if churn:
-        return churn
     reg = e.get("regression")
     if reg is None:
-        return "–"
-    return "REGRESSION" if reg["flagged"] else "no regression shown"
+        return churn or "–"
+    word = "regression supported" if reg["flagged"] else "no regression shown"
+    return word + (f"; {churn}" if churn else "")
 
 
 def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    from .decide import interval
+
+    alpha = report.get("alpha", 0.05)
+    level = f"{100 * (1 - 2 * alpha):g}%"
     replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report["tasks"].values())
-    header = ["task", "n", "acc old → new", "NFR %", "NFR 95% CI", "PFR %", "incons. %", "BTC %"]
-    header += ["runs", "noise floor %", "excess NFR %", "excess 95% CI", "MDE %", "p (BH)"] if replicated \
+    header = ["task", "n", "acc old → new", "NFR %", f"NFR {level} CI", "PFR %", "incons. %", "BTC %"]
+    header += ["runs", "noise floor %", "excess NFR %", f"excess {level} CI", "MDE %", "p (BH)"] if replicated \
         else ["McNemar p", "MDE %"]
     header.append("verdict")
     smooth = any("similarity" in e for e in report["tasks"].values())
@@ -114,19 +126,18 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
         r = e.get("replicates") or {}
         reg = e.get("regression") or {}
         acc = "–" if e.get("old_acc") is None else f"{100 * e['old_acc']:.1f} → {100 * e['new_acc']:.1f}"
-        nfr_ci = e.get("nfr_ci") if e.get("nfr_ci") is not None else r.get("nfr_ci") if r and not r.get("runs_fixed") \
-            else None
+        nfr_ci = interval(e, "nfr", alpha) if e.get("n_negative_flips") is not None else None
         row = [name, str(e["n"]), acc, _pct(e.get("nfr"), e.get("n_negative_flips")), _fmt(nfr_ci, True),
                _pct(e.get("pfr"), e.get("n_positive_flips")), _pct(e.get("inconsistency_flips")), _pct(e.get("btc"))]
         if replicated:
             fixed = r.get("runs_fixed", True)
             row += ["–" if not r else f"{r['runs'][0]}+{r['runs'][1]}", _pct(r.get("noise_floor")),
-                    _pct(r.get("excess_nfr")), "–" if fixed else _fmt(r["ci"], True),
+                    _pct(r.get("excess_nfr")), "–" if fixed else _fmt(interval(e, "excess_nfr", alpha), True),
                     "–" if not r else _pct(r["mde"]),
                     "–" if not reg else f"{_p(reg['p'])} ({_p(reg['p_bh'])})"]
         else:
             row += [_p(e.get("mcnemar_p")), "–" if not r else _pct(r["mde"])]
-        row.append(_verdict(e, name, report.get("gate")))
+        row.append(_verdict(e, name, report))
         if smooth:
             row += [e.get("similarity", "–"), _pct(e.get("smooth_nfr")), _pct(e.get("smooth_pfr")),
                     _fmt(e.get("m_g")), _fmt(e.get("m_r"))]
@@ -141,54 +152,65 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def task_sentence(name: str, e: dict, gate: dict | None = None, alpha: float = 0.05) -> str:
-    """What happened on one task, in one sentence a user can act on, ending with the gate's decisions on it."""
+def task_sentence(name: str, e: dict, gate: dict | None = None, alpha: float = 0.05,
+                  include_churn: bool = False) -> str:
+    """What happened on one task, in one sentence a user can act on: the counts, then the decisions on it — the
+    gate's where there is a gate (nothing else claims a verdict then), else the regression flag."""
     from .gate import decision_line
 
+    out = _task_facts(name, e)
     decided = task_decisions(gate, name)
-    tail = "".join(f" Gate {d['decision']}: {decision_line(d).partition(': ')[2]}" for d in decided)
-    return _task_sentence(name, e, alpha) + tail
+    if gate is None:
+        out += _regression_words(e)
+    out += "".join(f" Gate {d['decision']}: {decision_line(d).partition(': ')[2]}" for d in decided)
+    churn = e.get("churn") or {}
+    if churn.get("churn"):
+        why = (f" Nothing shows either model above guessing (old {100 * churn['old_acc']:.1f} % vs chance "
+               f"{100 * churn['chance']:.1f} %, p {_p(churn['p_above_chance'])}; new not below a uniform guess's "
+               f"{100 * churn['guess_rate']:.1f} %, p {_p(churn['p_new_below_chance'])}), nor more right → wrong flips "
+               f"than two guessers make (p "
+               f"{_p(churn['p_flips_beyond_guessing'])}): these flips are churn")
+        out += why + (", counted in the gate and the overall row (--include-churn)." if include_churn else
+                      ", left out of the flip thresholds, the regression flags and the overall row.")
+    return out
 
 
-def _task_sentence(name: str, e: dict, alpha: float) -> str:
+def _regression_words(e: dict) -> str:
+    """The regression flag (`decide.flag_regressions`) in words, with no gate."""
+    reg = e.get("regression")
+    if reg is None:
+        return ""
+    what = ("NFR beyond rerun noise (the excess NFR above 0" if reg["tested"] == "excess_nfr" else
+            "an accuracy drop (exact one-sided McNemar")
+    if reg["flagged"]:
+        return f" The data support {what}: p {_p(reg['p'])}, {_p(reg['p_bh'])} after BH across tasks)."
+    return f" No {what.replace('an accuracy', 'accuracy')} shown: p {_p(reg['p'])}, {_p(reg['p_bh'])} after BH)."
+
+
+def _task_facts(name: str, e: dict) -> str:
     if e.get("old_acc") is None:
         return f"{name}: smooth NFR {_pct(e.get('smooth_nfr'))} %, smooth PFR {_pct(e.get('smooth_pfr'))} % " \
                f"({e.get('similarity')})."
     r = e.get("replicates") or {}
-    diff = 100 * (e["new_acc"] - e["old_acc"])
-    churn = e.get("churn") or {}
-    if r and not r["runs_fixed"]:
-        lo, hi = r["acc_diff_ci"]
-        sig = "significant" if lo > 0 or hi < 0 else "not significant"
-        out = (f"{name}: accuracy {diff:+.1f} points ({sig} over {r['runs'][0]}+{r['runs'][1]} runs); NFR "
-               f"{_pct(e['nfr'])} % against a noise floor of {_pct(r['noise_floor'])} % between reruns: excess "
-               f"{100 * r['excess_nfr']:+.1f} points (95 % CI {100 * r['ci'][0]:+.1f} to {100 * r['ci'][1]:+.1f})")
-        if not r["run_level"]:
-            out += (" — over items only: with 1 + 2 runs the runs' own variance cannot be estimated (give a side "
-                    "3 runs, or each side 2)")
-        reg = e.get("regression")
-        if reg and reg["flagged"]:
-            out += f", a regression beyond rerun noise (p {_p(reg['p'])}, {_p(reg['p_bh'])} after BH)."
-        else:
-            out += f", not shown beyond rerun noise; an excess of {_pct(r['mde'])} points would have been seen."
-        items = e.get("items")
-        if items:
-            named = sum(items["flagged"])
-            out += (f" {named} item(s) broke beyond rerun noise (Boschloo's test per item, BH at {items['q']:g})."
-                    if named else
-                    " No single item broke beyond rerun noise" + (
-                        f" (with {items['pairs']} run pairs no item can reach p below {items['min_p']:.2g}; "
-                        f"{len(items['p'])} items need p ≤ {items['q'] / len(items['p']):.2g}: add runs)."
-                        if items["min_p"] > items["q"] / len(items["p"]) else "."))
-    else:
-        p = e.get("mcnemar_p")
-        sig = "not tested" if p is None else "significant" if p < alpha else "not significant"
-        out = (f"{name}: accuracy {diff:+.1f} points ({sig}, McNemar p {_p(p)}); {e['n_negative_flips']:.0f} "
-               f"answers broke (NFR {_pct(e['nfr'])} %), {e['n_positive_flips']:.0f} were fixed "
-               f"(PFR {_pct(e['pfr'])} %).")
-    if churn.get("churn"):
-        out += (f" The old model is not above chance ({100 * churn['old_acc']:.1f} % vs {100 * churn['chance']:.1f} %,"
-                f" p {_p(churn['p_above_chance'])}): these flips are churn, left out of the gate.")
+    acc = f"accuracy {100 * e['old_acc']:.1f} → {100 * e['new_acc']:.1f} % ({100 * (e['new_acc'] - e['old_acc']):+.1f} points)"
+    if not (r and not r["runs_fixed"]):
+        broke, fixed = round(e["n_negative_flips"]), round(e["n_positive_flips"])
+        return (f"{name}: {acc}; {broke} answer{'s' * (broke != 1)} broke (NFR {_pct(e['nfr'])} %), {fixed} "
+                f"{'was' if fixed == 1 else 'were'} fixed (PFR {_pct(e['pfr'])} %).")
+    out = (f"{name}: {acc} over {r['runs'][0]}+{r['runs'][1]} runs; NFR {_pct(e['nfr'])} % against a noise floor of "
+           f"{_pct(r['noise_floor'])} % between reruns: excess {100 * r['excess_nfr']:+.1f} points.")
+    if not r["run_level"]:
+        out += (" Over items only: with 1 + 2 runs the runs' own variance cannot be estimated (give a side 3 runs, "
+                "or each side 2).")
+    items = e.get("items")
+    if items:
+        named = sum(items["flagged"])
+        out += (f" {named} item(s) broke beyond rerun noise (Boschloo's test per item, BH at {items['q']:g})."
+                if named else
+                " No single item broke beyond rerun noise" + (
+                    f" (with {items['pairs']} run pairs no item can reach p below {items['min_p']:.2g}; "
+                    f"{len(items['p'])} items need p ≤ {items['q'] / len(items['p']):.2g}: add runs)."
+                    if items["min_p"] > items["q"] / len(items["p"]) else "."))
     return out
 
 
@@ -201,17 +223,23 @@ def runs_line(report: dict) -> str | None:
 
 
 def across_lines(report: dict) -> list[str]:
-    """Kübler et al.'s accuracy verdict across each candidate's tasks."""
+    """Kübler et al.'s accuracy verdict across each candidate's tasks; with a gate, the numbers only (the gate's
+    `overall:` threshold is the verdict, if one was given)."""
     lines = []
     across = report.get("across_tasks") or {}
+    gated = report.get("gate") is not None
     for label, a in across.items():
         p = a["p"]
         drop = 100 * (a["old_acc"] - a["new_acc"])
-        lines.append(f"across tasks{'' if len(across) == 1 else f' [{label}]'} ({len(a['tasks'])} task"
-                     f"{'s' * (len(a['tasks']) > 1)}, {a['n']} items, churn in: an accuracy test holds at chance): "
-                     f"accuracy {-drop:+.1f} points; pooled p {_p(p['pooled'])}, max-drop p {_p(p['max_drop'])}, "
-                     f"Fisher p {_p(p['fisher'])}, each at α/3 = {a['alpha_each']:.3g} — "
-                     + ("a drop the data support." if a["regression"] else "no drop shown."))
+        head = (f"across tasks{'' if len(across) == 1 else f' [{label}]'} ({len(a['tasks'])} task"
+                f"{'s' * (len(a['tasks']) > 1)}, {a['n']} items, churn in: an accuracy test holds at chance): "
+                f"accuracy {-drop:+.1f} points; pooled p {_p(p['pooled'])}, max-drop p {_p(p['max_drop'])}, "
+                f"Fisher p {_p(p['fisher'])} (one-sided, a drop > 0)")
+        if gated:
+            lines.append(head + ", not part of the gate unless it has an 'overall:acc_drop' threshold.")
+        else:
+            lines.append(head + f", each at α/3 = {a['alpha_each']:.3g}: " + (
+                "the data support a drop." if a["regression"] else "no drop shown at this level."))
     return lines
 
 
@@ -251,7 +279,7 @@ def flip_lines(report: dict, markdown: bool = False) -> list[str]:
 
 def _explained(report: dict) -> list[str]:
     alpha = report.get("alpha", 0.05)
-    return [*report.get("notes", []), *(task_sentence(n, e, report.get("gate"), alpha)
+    return [*report.get("notes", []), *(task_sentence(n, e, report.get("gate"), alpha, report.get("include_churn"))
                                          for n, e in report["tasks"].items()),
             *overall_lines(report), *across_lines(report), *filter(None, [runs_line(report)])]
 
@@ -393,6 +421,26 @@ def _gate_section(gate: dict) -> list[str]:
     return out
 
 
+def no_gate_line(report: dict) -> str:
+    """With no --fail-on: says nothing was gated, then what the data support (the regression flags and the verdict
+    across tasks), and the largest NFR so it is not hidden behind a quiet line."""
+    flagged = [n for n, e in report["tasks"].items() if (e.get("regression") or {}).get("flagged")]
+    across = [label for label, a in (report.get("across_tasks") or {}).items() if a["regression"]]
+    out = "No gate given (--fail-on decides thresholds). "
+    if flagged:
+        out += f"The data support a regression on {len(flagged)} of {len(report['tasks'])} tasks: {', '.join(flagged)}."
+    else:
+        out += f"The data support no regression on any of the {len(report['tasks'])} tasks (after BH)."
+    if across:
+        out += " Across tasks, they support an accuracy drop."
+    rated = [(e["nfr"], n, e) for n, e in report["tasks"].items() if e.get("nfr") is not None]
+    if rated:
+        nfr, name, e = max(rated, key=lambda x: x[0])
+        out += (f" Largest NFR: {name}, {100 * nfr:.1f} % of the items broke (accuracy "
+                f"{100 * (e['new_acc'] - e['old_acc']):+.1f} points).")
+    return out
+
+
 def compare_page(report: dict, flips: list[dict], figure_png: bytes | None) -> str:
     """`adaptguard compare --html`: the gate's outcome (or the tasks' verdicts) first, its decisions as lists, the
     table, the sentences, the legend, the figure, then the flipped items."""
@@ -401,17 +449,13 @@ def compare_page(report: dict, flips: list[dict], figure_png: bytes | None) -> s
     gate = report.get("gate")
     sections = [f"<p>{_names(report['old'])} → {_names(report['new'])}</p>".replace("`", "")]
     if gate is not None:
-        from .gate import describe
+        from .gate import headline
 
-        verdict = describe(gate).splitlines()[0].rstrip(":")
-        failed = gate["status"] != "clear"
+        verdict = headline(gate)
+        status = {"breach": "failed", "undecided": "undecided", "clear": "passed"}[gate["status"]]
         sections += ["<h2>Gate</h2>", *_gate_section(gate)]
     else:
-        flagged = [n for n, e in report["tasks"].items() if (e.get("regression") or {}).get("flagged")]
-        verdict = (f"Regressions the data support on {len(flagged)} of {len(report['tasks'])} tasks: "
-                   f"{', '.join(flagged)}." if flagged else
-                   f"No regression the data support on any of the {len(report['tasks'])} tasks.")
-        failed = bool(flagged)
+        verdict, status = no_gate_line(report), "none"
     header, rows = table_rows(report)
     counts: dict[str, dict[str, int]] = {}
     for f in flips:
@@ -428,4 +472,4 @@ def compare_page(report: dict, flips: list[dict], figure_png: bytes | None) -> s
             "reruns explain (Boschloo's test per item, Benjamini-Hochberg across items); they come first. "
             if replicated else "")
     sections.append(flips_section(flips, counts, note=note))
-    return page("What the update broke", verdict, failed, sections)
+    return page("What the update broke", verdict, status, sections)

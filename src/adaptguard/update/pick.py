@@ -505,7 +505,8 @@ def update_page(report: dict, test_flips: list[dict], dev_png: bytes | None) -> 
     sections.append(flips_section(test_flips, counts, note="The shipped adapter (seed of chosen/) against v1 on the "
                                                            "test items. "))
     return page("Update: the recipe chosen on dev, tested against the control", report["verdict"],
-                "MORE answers" in report["verdict"], sections)
+                "failed" if "MORE answers" in report["verdict"] else "passed" if "test confirms it" in report["verdict"]
+                else "undecided" if "within seed noise" in report["verdict"] else "none", sections)
 
 
 def flipped_test_items(rows: list[dict], v1: dict, shipped: dict) -> list[dict]:
