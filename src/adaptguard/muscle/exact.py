@@ -59,6 +59,18 @@ def _logits(hidden: torch.Tensor, head: LMHead) -> torch.Tensor:
     return z * head.scale if head.scale != 1.0 else z
 
 
+def _log_softmax(z: torch.Tensor) -> torch.Tensor:
+    """log softmax over the last dimension, with Σ q = 1 to float32's rounding: the loss reads q through m = Wᵀq, and
+    LSE(z/T) − h·m/T − H(q) holds only for Σ q = 1 (an excess δ costs δ·h·m/T, the logits' size: ~35 on SmolLM2).
+    Not `torch.log_softmax`: its float32 CPU kernel adds exp(z − max) one after another in a few SIMD lanes, so over
+    a vocabulary of 49,152 the terms below half an ulp of a lane's sum are lost and Σ q exceeds 1 by up to 3e-5 near
+    T = 1 (fewer such terms at T < 1, none lost at T > 1.5): the KL was 2.5e-4 low (issue 74). Nor z − logsumexp(z),
+    whose normaliser is rounded at the logits' size (δ ~ 3e-6 at T = 0.5). Here the sum is `torch.sum`'s cascade of
+    terms ≤ 1 and the normaliser, log Σ, lies in [0, log V]."""
+    shifted = z - z.amax(-1, keepdim=True)
+    return shifted.sub_(shifted.exp().sum(-1, keepdim=True).log())
+
+
 def check_reducible(head: LMHead, trainable: bool = False) -> str | None:
     """Why the exact loss cannot use this student head (None when it can): soft-capping is not linear in h, and a
     trained head would need W's gradient as well."""
@@ -90,7 +102,7 @@ def teacher_vectors(hidden: torch.Tensor, head: LMHead, student_head: LMHead, la
                          *(torch.empty(n, dtype=dt, device=hidden.device) for dt in (wide, wide, torch.long, wide)))
     for a in range(0, n, chunk):
         z = _logits(hidden[a:a + chunk], head)
-        log_q = torch.log_softmax(z / temperature, -1)
+        log_q = _log_softmax(z / temperature)
         q = log_q.exp()
         out.m[a:a + chunk] = (q.to(w.dtype) @ w).to(wide) * student_head.scale
         out.entropy[a:a + chunk] = -(q * log_q).sum(-1)
@@ -98,7 +110,7 @@ def teacher_vectors(hidden: torch.Tensor, head: LMHead, student_head: LMHead, la
             student_head.scale
         out.top1[a:a + chunk] = z.argmax(-1)
         y = labels[a:a + chunk]
-        logp = torch.log_softmax(z, -1).gather(1, y.clamp(min=0)[:, None])[:, 0]
+        logp = _log_softmax(z).gather(1, y.clamp(min=0)[:, None])[:, 0]
         out.label_logp[a:a + chunk] = torch.where(y != -100, logp, torch.zeros_like(logp))
     return out
 
@@ -166,7 +178,7 @@ class _ExactLoss(torch.autograd.Function):
             # the online teachers, in logit space: Σ_j a_j [Σ_v q_jv (log q_jv − log p_v)]
             p_mix = None
             for k, (t_hidden, t_head) in enumerate(zip(online, online_heads)):
-                log_q = torch.log_softmax(_logits(t_hidden[a:a + chunk], t_head) / temperature, -1)
+                log_q = _log_softmax(_logits(t_hidden[a:a + chunk], t_head) / temperature)
                 q = log_q.exp()
                 wk = wts[:, j + k]
                 value = value + wk * ((q * log_q).sum(-1) - (q * zt).sum(-1) + lse_t)
