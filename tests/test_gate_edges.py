@@ -1,0 +1,240 @@
+"""The gate checked at every edge (issue 73): each run below once got an exit code its data did not support. Small
+synthetic `--log_samples` runs, compared as a user would (`adaptguard compare`, in-process), each exit code and
+every output held to the decision the data support; the exact tests checked against scipy."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import binom
+
+from adaptguard.cli.main import main
+from adaptguard.compat.decide import p_beyond
+from adaptguard.compat.gate import GateError, Threshold
+from adaptguard.compat.replicates import replicate_flips
+
+TS = "2026-11-27T00-00-00.000000"
+
+
+def write_mc(folder: Path, task: str, correct, n_choices: int = 4) -> Path:
+    """A multiple-choice task's `--log_samples` run: item i's gold is choice i mod n_choices, and the model picks it
+    where `correct` says so, else the next choice."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"samples_{task}_{TS}.jsonl", "w") as f:
+        for i, ok in enumerate(correct):
+            gold = i % n_choices
+            lls = [-5.0] * n_choices
+            lls[gold if ok else (gold + 1) % n_choices] = -1.0
+            f.write(json.dumps({"doc_id": i, "target": gold, "filtered_resps": [[str(x), "False"] for x in lls],
+                                "filter": "none", "metrics": ["acc"], "doc_hash": f"d{i}", "prompt_hash": f"p{i}",
+                                "target_hash": str(gold), "acc": float(ok)}) + "\n")
+    _config(folder, task, "multiple_choice")
+    return folder
+
+
+def write_loglikelihood(folder: Path, task: str, correct) -> Path:
+    """A lambada-style task: one [log-likelihood, is_greedy] per document, `acc` = is_greedy."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"samples_{task}_{TS}.jsonl", "w") as f:
+        for i, ok in enumerate(correct):
+            f.write(json.dumps({"doc_id": i, "target": f" word{i}", "filtered_resps": [[str(-2.0 - (not ok)),
+                                                                                        str(bool(ok))]],
+                                "resps": [[[-2.0 - (not ok), bool(ok)]]], "filter": "none", "metrics": ["acc"],
+                                "doc_hash": f"d{i}", "prompt_hash": f"p{i}", "target_hash": f"t{i}",
+                                "acc": float(ok)}) + "\n")
+    _config(folder, task, "loglikelihood")
+    return folder
+
+
+def _config(folder: Path, task: str, output_type: str) -> None:
+    results = folder / f"results_{TS}.json"
+    configs = json.loads(results.read_text())["configs"] if results.exists() else {}
+    results.write_text(json.dumps({"configs": {**configs, task: {"output_type": output_type}},
+                                   "n-shot": {t: 0 for t in [*configs, task]}}))
+
+
+def compare(capsys, *args) -> tuple[int, dict, str]:
+    """`adaptguard compare ARGS --json FILE` in-process: (exit status, the JSON report, everything printed)."""
+    out = Path(args[0]).parent / "report.json"
+    code = main(["compare", *map(str, args), "--json", str(out)])
+    printed = capsys.readouterr()
+    return code, json.loads(out.read_text()) if out.exists() else {}, printed.out + printed.err
+
+
+def decisions(report: dict) -> dict[tuple[str, str], dict]:
+    return {(d["task"], d["expr"]): d for d in report["gate"]["decisions"]}
+
+
+# ------------------------------------------------------------------ 1. deterministic reruns are one run, not certainty
+def test_identical_reruns_claim_no_more_than_one_run(tmp_path, capsys):
+    """Two old and two new runs, identical copies (a greedy evaluation repeated): 18 items, no flip. One run of the
+    same data is undecided; so are the copies, with the same p as the item-level exact test (0.98^18 = 0.695)."""
+    right = [True] * 12 + [False] * 6
+    for name in ("old0", "old1", "new0", "new1"):
+        write_mc(tmp_path / name, "t", right)
+    sides = (f"{tmp_path / 'old0'},{tmp_path / 'old1'}", f"{tmp_path / 'new0'},{tmp_path / 'new1'}")
+    code, report, printed = compare(capsys, *sides, "--fail-on", "nfr>2%", "--fail-on", "acc_drop>1%",
+                                    "--fail-on", "excess_nfr>1%")
+    assert code == 3, printed
+    got = decisions(report)
+    assert all(d["decision"] == "undecided" for d in got.values()), got
+    assert got["t", "nfr>2%"]["p_within"] == pytest.approx(0.98 ** 18)
+    assert got["t", "excess_nfr>1%"]["p_within"] == pytest.approx(0.99 ** 18)
+    code1, report1, _ = compare(capsys, tmp_path / "old0", tmp_path / "new0", "--fail-on", "nfr>2%")
+    assert code1 == 3 and report1["gate"]["decisions"][0]["p_within"] == pytest.approx(0.98 ** 18)
+
+
+@pytest.mark.parametrize("n, broken, expr, p_exact, kind", [
+    (20, 20, "nfr>90%", 0.9 ** 20, "p_value"),  # all broke: not support for > 90 % (was: breach at p = 0)
+    (60, 1, "nfr>6%", binom.cdf(1, 60, 0.06), "p_within"),  # was: clear at p 0.006
+])
+def test_identical_reruns_at_the_edges_take_the_exact_test(tmp_path, capsys, n, broken, expr, p_exact, kind):
+    old, new = [True] * n, [i >= broken for i in range(n)]
+    for r in range(2):
+        write_mc(tmp_path / f"old{r}", "t", old), write_mc(tmp_path / f"new{r}", "t", new)
+    code, report, printed = compare(capsys, f"{tmp_path / 'old0'},{tmp_path / 'old1'}",
+                                    f"{tmp_path / 'new0'},{tmp_path / 'new1'}", "--fail-on", expr)
+    (d,) = report["gate"]["decisions"]
+    assert code == 3 and d["decision"] == "undecided", printed
+    assert d[kind] == pytest.approx(p_exact, rel=1e-9)
+
+
+def test_the_replicate_test_holds_its_size_near_zero_flips():
+    """200 items, 2 + 2 runs, a true NFR of exactly 2 %: the old runs right everywhere, the new model wrong on an item
+    with probability 2 % — its two runs the same (a deterministic rerun), or each its own draw. `nfr>2%` must come
+    out clear at most α of the time (the run-level t-test alone: 9 % with deterministic reruns)."""
+    rng = np.random.default_rng(7)
+    sims = 2000
+    old = np.ones((2, 200), bool)
+    for rerun in ("deterministic", "independent"):
+        clear = 0
+        for _ in range(sims):
+            new = np.repeat(rng.random((1, 200)) >= 0.02, 2, 0) if rerun == "deterministic" else \
+                rng.random((2, 200)) >= 0.02
+            r = replicate_flips(old, new, level=0.9)
+            entry = {"n": 200, "old_acc": r["old_acc"], "new_acc": r["new_acc"], "replicates": r}
+            clear += p_beyond(entry, "nfr", 0.02, "<") < 0.05
+        assert clear / sims <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / sims), rerun
+
+
+# ------------------------------------------------------------------------- 2. loglikelihood tasks are never churn
+def test_a_loglikelihood_task_has_no_chance_level_and_its_flips_are_gated(tmp_path, capsys):
+    write_loglikelihood(tmp_path / "old", "lambada_like", [True] * 500)
+    write_loglikelihood(tmp_path / "new", "lambada_like", [i >= 200 for i in range(500)])
+    write_mc(tmp_path / "old", "clean", [True] * 300), write_mc(tmp_path / "new", "clean", [True] * 300)
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", "nfr>2%")
+    assert report["tasks"]["lambada_like"]["churn"] is None
+    assert decisions(report)["lambada_like", "nfr>2%"]["decision"] == "breach" and code == 1, printed
+
+
+# ------------------------------------------------------------------ 3. churn never hides flips the data support
+def test_a_new_model_below_chance_is_not_churn(tmp_path, capsys):
+    """Old 14/40 on four choices (not shown above 25 %: p 0.10), new 0/40 (far below chance: guessing cannot do that):
+    its 14 flips are evidence, and `nfr>5%` breaches beside a clean 600-item task."""
+    write_mc(tmp_path / "old", "hard", [i < 14 for i in range(40)]), write_mc(tmp_path / "new", "hard", [False] * 40)
+    write_mc(tmp_path / "old", "clean", [True] * 600), write_mc(tmp_path / "new", "clean", [True] * 600)
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", "nfr>5%")
+    churn = report["tasks"]["hard"]["churn"]
+    assert churn["p_above_chance"] == pytest.approx(binom.sf(13, 40, 0.25))  # old not shown above chance
+    assert churn["p_new_below_chance"] == pytest.approx(0.75 ** 40) and not churn["churn"]
+    assert code == 1 and decisions(report)["hard", "nfr>5%"]["decision"] == "breach", printed
+
+
+def test_flips_beyond_two_guessers_are_not_churn_but_guessing_is():
+    from adaptguard.compat.decide import churn
+
+    guessing = churn(10, 10, 8, 40, 0.25, 0.25, 0.05)  # both at chance, 8 flips ≈ 40 · 0.25 · 0.75 = 7.5
+    assert guessing["churn"]
+    more = churn(10, 10, 18, 40, 0.25, 0.25, 0.05)  # 18 right → wrong: P(X ≥ 18 | 40, 0.1875) < 0.05
+    assert more["p_flips_beyond_guessing"] == pytest.approx(binom.sf(17, 40, 0.1875)) and not more["churn"]
+
+
+# ------------------------------------------------------------------------- 4. rate thresholds outside [0, 1]
+@pytest.mark.parametrize("expr, message", [
+    ("nfr>1", "write 1% or 100%"), ("nfr>2", "write 2% or 200%"), ("nfr>-5%", "lies between 0% and 100%"),
+    ("nfr>101%", "lies between 0% and 100%"), ("btc<-0.1", "lies between 0% and 100%"),
+    ("acc_drop>1", "write 1% or 100%"), ("acc_drop>-101%", "lies between -100% and 100%"),
+])
+def test_rate_thresholds_outside_their_range_or_without_a_unit_are_refused(expr, message):
+    with pytest.raises(GateError, match=message):
+        Threshold.parse(expr)
+
+
+@pytest.mark.parametrize("expr, value", [("nfr>100%", 1.0), ("nfr>0%", 0.0), ("acc_drop>-100%", -1.0),
+                                         ("acc_drop>0.5", 0.5), ("nfr>0.999", 0.999)])
+def test_thresholds_at_the_ends_of_the_range_are_kept(expr, value):
+    assert Threshold.parse(expr).value == pytest.approx(value)
+
+
+# ------------------------------------------------------------------------------------- 5. margins at ±100 %
+def test_accuracy_margins_at_plus_and_minus_100_percent(tmp_path, capsys):
+    write_mc(tmp_path / "old", "t", [True] * 200), write_mc(tmp_path / "same", "t", [True] * 200)
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "same", "--fail-on", "acc_drop>100%")
+    assert code == 0 and report["gate"]["decisions"][0]["decision"] == "clear", printed  # no drop exceeds 100 %
+    write_mc(tmp_path / "broken", "t", [i >= 80 for i in range(200)])
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "broken", "--fail-on", "acc_drop>-100%")
+    assert code == 1 and report["gate"]["decisions"][0]["decision"] == "breach", printed
+
+
+# ------------------------------------------------------------------------- 6. overall: says what its test shows
+def test_overall_names_the_task_when_only_some_task_dropped(tmp_path, capsys):
+    """One task loses 60 of 300, five each gain 30 of 300: the pooled accuracy rose 5 points (shown below 1 %), but
+    the max-drop test finds the one task: the breach names it and never prints "acc_drop = -5.00% > 1.00%"."""
+    write_mc(tmp_path / "old", "lost", [True] * 300), write_mc(tmp_path / "new", "lost", [i >= 60 for i in range(300)])
+    for k in range(5):
+        write_mc(tmp_path / "old", f"gain{k}", [i >= 30 for i in range(300)])
+        write_mc(tmp_path / "new", f"gain{k}", [True] * 300)
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", "overall:acc_drop>1%")
+    (d,) = report["gate"]["decisions"]
+    assert code == 1 and d["decision"] == "breach" and d["shows"] == "some_task" and d["worst_task"] == "lost"
+    assert d["value"] == pytest.approx(0.2)
+    assert "some task dropped more than 1.00% (most: lost, acc_drop = 20.00%)" in printed
+    assert "-5.00% > 1.00%" not in printed
+
+
+def test_overall_breach_on_the_pooled_drop_says_pooled(tmp_path, capsys):
+    for k in range(3):
+        write_mc(tmp_path / "old", f"t{k}", [True] * 300)
+        write_mc(tmp_path / "new", f"t{k}", [i >= 15 for i in range(300)])  # 5 % lost on every task
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", "overall:acc_drop>1%")
+    (d,) = report["gate"]["decisions"]
+    assert code == 1 and d["shows"] == "pooled" and d["value"] == pytest.approx(0.05)
+    assert "overall: acc_drop = 5.00% > 1.00%" in printed
+
+
+# --------------------------------------------------------------------- 8. the interval printed is the one decided on
+def test_the_printed_interval_is_the_decisions_and_they_agree(tmp_path, capsys):
+    """8 of 200 broke: `nfr>2%` breaches at p 0.049; the interval printed beside it (and in the table) is the
+    one-sided bounds at 95 % each, whose lower end is above 2 % (a two-sided 95 % interval would hold 2 %)."""
+    write_mc(tmp_path / "old", "t", [True] * 200), write_mc(tmp_path / "new", "t", [i >= 8 for i in range(200)])
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", "nfr>2%")
+    (d,) = report["gate"]["decisions"]
+    assert code == 1 and d["decision"] == "breach" and d["p_value"] == pytest.approx(binom.sf(7, 200, 0.02))
+    lo, hi = d["interval"]
+    assert lo > 0.02 and d["level"] == pytest.approx(0.9)
+    assert binom.sf(7, 200, lo) == pytest.approx(0.05, rel=1e-6)  # the bound inverts the test exactly
+    assert f"90 % interval {100 * lo:.2f}% to {100 * hi:.2f}%" in printed
+    assert f"[{100 * lo:.1f}, {100 * hi:.1f}]" in printed and "NFR 90% CI" in printed  # the table's column
+
+
+# ---------------------------------------------------------------------- every output agrees with the exit code
+def test_no_output_contradicts_the_gate(tmp_path, capsys):
+    """With a gate, sentences state counts and the gate's decisions only; the across-task line says it is not the
+    gate; a churn task counted with --include-churn says so; "passed" says what was left out."""
+    rng = np.random.default_rng(1)
+    write_mc(tmp_path / "old", "big", [True] * 300), write_mc(tmp_path / "new", "big", [i >= 30 for i in range(300)])
+    coin_old, coin_new = rng.random(300) < 0.5, rng.random(300) < 0.5
+    write_mc(tmp_path / "old", "coin", coin_old, 2), write_mc(tmp_path / "new", "coin", coin_new, 2)
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", "nfr>2%")
+    assert code == 1 and report["tasks"]["coin"]["churn"]["churn"]
+    assert "not significant" not in printed and "not part of the gate" in printed
+    assert "left out of the flip thresholds" in printed
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", "nfr>2%",
+                                    "--include-churn")
+    assert "counted in the gate and the overall row (--include-churn)" in printed
+    assert "left out of the flip thresholds" not in printed
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--tasks", "coin",
+                                    "--fail-on", "acc_drop>50%", "--fail-on", "nfr>50%")
+    assert code == 0 and "gate: passed, every threshold decided is clear" in printed and "left out" in printed
