@@ -238,3 +238,112 @@ def test_no_output_contradicts_the_gate(tmp_path, capsys):
     code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--tasks", "coin",
                                     "--fail-on", "acc_drop>50%", "--fail-on", "nfr>50%")
     assert code == 0 and "gate: passed, every threshold decided is clear" in printed and "left out" in printed
+
+
+# ----------------------------------------------------------------------------------------- what a newcomer meets
+def test_the_page_banner_says_what_was_tested_in_its_colour(tmp_path, capsys):
+    """Failed red, undecided amber, passed green, no gate neutral — and with no gate the banner says so, then what the
+    data support and the largest NFR (29 % broken is never under a green "no regression")."""
+    write_mc(tmp_path / "old", "t", [True] * 100), write_mc(tmp_path / "new", "t", [i >= 29 for i in range(100)])
+    write_mc(tmp_path / "old", "u", [True] * 18), write_mc(tmp_path / "new", "u", [True] * 18)
+    cases = {"failed": ["--fail-on", "t:nfr>2%"], "undecided": ["--fail-on", "u:nfr>2%"],
+             "passed": ["--fail-on", "t:nfr>99%"], "none": []}
+    for status, args in cases.items():
+        page = tmp_path / f"{status}.html"
+        compare(capsys, tmp_path / "old", tmp_path / "new", *args, "--html", page)
+        banner = page.read_text().split('id="verdict">')[0].rsplit("<div ", 1)[1]
+        assert f'class="verdict {status}"' in banner, (status, banner)
+    text = (tmp_path / "none.html").read_text()
+    assert "No gate given" in text and "Largest NFR: t, 29.0 %" in text
+    from adaptguard.compat.html import STYLE
+
+    colours = {k: STYLE.split(f".verdict.{k}{{")[1].split("}")[0] for k in ("failed", "undecided", "passed")}
+    assert len(set(colours.values())) == 3 and "e0a526" in colours["undecided"]
+
+
+def test_an_output_under_a_file_is_refused_and_nothing_is_written(tmp_path, capsys):
+    write_mc(tmp_path / "old", "t", [True] * 20), write_mc(tmp_path / "new", "t", [True] * 20)
+    (tmp_path / "afile").write_text("x")
+    code = main(["compare", str(tmp_path / "old"), str(tmp_path / "new"), "--json", str(tmp_path / "gate.json"),
+                 "--markdown", str(tmp_path / "afile" / "gate.md")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is a file, not a folder" in err and "afile" in err and "File exists" not in err
+    assert not (tmp_path / "gate.json").exists()
+
+
+def test_a_missing_metric_lists_those_there_and_a_graded_score_gets_advice_that_works(tmp_path, capsys):
+    write_mc(tmp_path / "old", "t", [True] * 20), write_mc(tmp_path / "new", "t", [True] * 20)
+    code = main(["compare", str(tmp_path / "old"), str(tmp_path / "new"), "--metric", "accuracy"])
+    err = capsys.readouterr().err
+    assert code == 2 and "has no metric 'accuracy'; its samples have: acc" in err
+    for side, scores in (("gold", [1.0, 0.5] * 10), ("gnew", [1.0, 0.0] * 10)):  # a graded score on generated text
+        folder = tmp_path / side
+        folder.mkdir()
+        with open(folder / f"samples_gen_{TS}.jsonl", "w") as f:
+            for i, v in enumerate(scores):
+                f.write(json.dumps({"doc_id": i, "target": f"answer {i}", "filtered_resps": [f"answer {i}" if v else "no"],
+                                    "filter": "none", "metrics": ["score"], "score": v, "doc_hash": f"d{i}",
+                                    "prompt_hash": f"p{i}", "target_hash": f"t{i}"}) + "\n")
+        _config(folder, "gen", "generate_until")
+    code = main(["compare", str(tmp_path / "gold"), str(tmp_path / "gnew"), "--metric", "score"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not 0/1 (e.g. 0.5)" in err and "--similarity" in err
+    code = main(["compare", str(tmp_path / "gold"), str(tmp_path / "gnew"), "--similarity", "exact_match"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err  # the advice works: the similarity scores the task
+
+
+def test_grammar_of_one_fixed_and_one_broken(tmp_path, capsys):
+    write_mc(tmp_path / "old", "t", [i != 1 for i in range(30)])
+    write_mc(tmp_path / "new", "t", [i != 0 for i in range(30)])
+    _, _, printed = compare(capsys, tmp_path / "old", tmp_path / "new")
+    assert "1 answer broke" in printed and "1 was fixed" in printed and "1 were" not in printed
+
+
+def test_the_ci_example_decides_whatever_the_comment_does_and_updates_one_comment():
+    import yaml
+
+    flow = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples/ci/compat-gate.yml").read_text())
+    steps = flow["jobs"]["compat-gate"]["steps"]
+    names = [s.get("name", s.get("uses", s.get("run", ""))) for s in steps]
+    decide = steps[names.index("decide")]
+    comment = next(s for s in steps if "pull request" in s.get("name", ""))
+    summary = next(s for s in steps if "step summary" in s.get("name", ""))
+    assert decide["if"] == "always()" and comment.get("continue-on-error") is True
+    assert steps.index(summary) < steps.index(comment) and "GITHUB_STEP_SUMMARY" in summary["run"]
+    assert "PATCH" in comment["run"] and "adaptguard-compat-gate" in comment["run"]
+    install = next(s["run"] for s in steps if "pip install" in s.get("run", ""))
+    assert '"adaptguard[eval] @ $ADAPTGUARD_SOURCE"' in install
+
+
+@pytest.mark.slow
+def test_the_built_wheel_compares_the_shipped_pair(tmp_path):
+    """The wheel, not the editable checkout: built, installed into a fresh venv (not editable; its dependencies taken
+    from this one), and `adaptguard compare example:fp32 example:int8` run from a folder outside the checkout — the package
+    data (the shipped pair, the task folders) must be in it."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(root)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("adaptguard-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    # this venv's packages as the new one's dependencies: a path on sys.path, whose .pth files (the editable
+    # adaptguard's among them) are not run
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+                   capture_output=True, timeout=300)
+    where = subprocess.run([python, "-c", "import adaptguard; print(adaptguard.__file__)"], capture_output=True,
+                           text=True, cwd=tmp_path, check=True).stdout
+    assert str(tmp_path / "venv") in where and str(root / "src") not in where
+    proc = subprocess.run([tmp_path / "venv" / "bin" / "adaptguard", "compare", "example:fp32", "example:int8",
+                           "--fail-on", "nfr>10%", "--json", "c.json"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300)
+    assert proc.returncode in (1, 3), proc.stderr[-2000:]
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert len(report["tasks"]) >= 2 and report["gate"]["decisions"]

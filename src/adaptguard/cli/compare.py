@@ -91,6 +91,13 @@ def _check_outputs(ns: argparse.Namespace) -> dict[str, str]:
         raise ValueError("--plot -: a PNG is not written to stdout; give a file path")
     seen: dict[str, str] = {}
     for flag, path in given.items():
+        if path != "-":
+            blocked = next((q for q in Path(path).resolve().parents if q.exists() and not q.is_dir()), None)
+            if blocked is not None:
+                raise ValueError(f"{flag} {path}: {blocked} is a file, not a folder; give a path in a folder "
+                                 "(nothing was written)")
+            if Path(path).is_dir():
+                raise ValueError(f"{flag} {path}: is a folder; give a file path (nothing was written)")
         key = path if path == "-" else str(Path(path).resolve())
         if key in seen:
             raise ValueError(f"{seen[key]} and {flag} both write to {path}; give each output its own path (nothing was written)")

@@ -49,9 +49,12 @@ def check_same_setup(old: TaskRun, new: TaskRun, labels=("old", "new")) -> None:
             raise RunError(f"task {task!r}: doc_id {key[1]} has a different target (target_hash differs)")
 
 
-def choose_metric(run: TaskRun, filt: str, requested: str | None) -> str | None:
-    """The 0/1 correctness metric of a task: `requested`, else the first of acc/exact_match/em present."""
+def choose_metric(run: TaskRun, filt: str, requested: str | None, graded_ok: bool = False) -> str | None:
+    """The 0/1 correctness metric of a task: `requested`, else the first of acc/exact_match/em present. With
+    `graded_ok` (a --similarity run that named no metric), a default metric that is not 0/1 is passed over (None)
+    instead of refused: the similarity scores the task."""
     samples = [s for (f, _), s in run.samples.items() if f == filt]
+    present = sorted({m for s in samples for m in s.metrics} | {m for s in samples for m in s.other_metrics})
     names = [requested] if requested else [run.default_metric] if run.default_metric else \
         [m for m in CORRECTNESS_METRICS if m in samples[0].metrics or m in samples[0].other_metrics]
     for name in names:
@@ -61,11 +64,21 @@ def choose_metric(run: TaskRun, filt: str, requested: str | None) -> str | None:
             if name in s.metrics and not math.isfinite(s.metrics[name]):
                 raise RunError(f"{s.where or run.path}: metric {name!r} is {s.metrics[name]}, not a finite number")
         values = [s.metrics.get(name) for s in samples]
+        if all(v is None for v in values):
+            raise RunError(f"{run.path}: task {run.task!r} has no metric {name!r}; its samples have: "
+                           f"{', '.join(present) or 'no metric'}")
         if any(v is None for v in values):
-            raise RunError(f"{run.path}: metric {name!r} is missing from some samples of task {run.task!r}")
+            raise RunError(f"{run.path}: metric {name!r} is missing from some samples of task {run.task!r} (the "
+                           f"samples have: {', '.join(present)})")
         if not set(values) <= {0.0, 1.0}:
-            raise RunError(f"{run.path}: metric {name!r} of task {run.task!r} is not 0/1; use --similarity for "
-                           "generation scored by similarity")
+            if graded_ok and not requested:
+                return None
+            odd = next(v for v in values if v not in (0.0, 1.0))
+            texts = all(isinstance(s.answer, str) for s in samples)
+            raise RunError(f"{run.path}: metric {name!r} of task {run.task!r} is not 0/1 (e.g. {odd:g}); compare "
+                           "needs right or wrong per item: "
+                           + ("score the generated answers with --similarity NAME (e.g. rouge1), or " if texts else "")
+                           + f"name a 0/1 metric with --metric (the samples have: {', '.join(present)})")
         return name
     return None
 
@@ -107,7 +120,7 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
         n = [new.samples[k] for k in keys]
         c = [compatible.samples[k] for k in keys] if compatible is not None else None
         entry: dict = {"task": old.task, "filter": filt, "output_type": old.output_type or new.output_type}
-        name = choose_metric(old, filt, metric)
+        name = choose_metric(old, filt, metric, graded_ok=similarity is not None)
         if name is not None:
             # runs of two formats name their 0/1 metric each its own way (lighteval's acc, a JSONL's correct)
             new_name = choose_metric(new, filt, name if old.format == new.format or metric else None)
@@ -301,7 +314,7 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
     labels = [c[0].name.partition("@")[0] for c in candidates]
     if len(set(labels)) < len(labels):  # runs in folders of the same name: number them instead
         labels = [f"new{i + 1}" for i in range(len(candidates))]
-    level = 1 - alpha
+    level = 1 - 2 * alpha  # two one-sided bounds at 1 − α: the interval each decision uses (decide.interval)
     report_tasks, overall, across, runs_per_side = {}, {}, {}, []
     for paths, label in zip(candidates, labels):
         new, *new_replicates = [run for p in paths for run in read_runs(p, notes, scorer)]
