@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import binom, chi2, norm
 from scipy.special import gammaln
+from scipy.stats import binom, chi2, norm
 
 from adaptguard.compat.decide import binomial_p
 from adaptguard.compat.metrics import tango_z
@@ -162,7 +162,8 @@ def markdown(out: dict) -> str:
         power = "; ".join(f"n {r['n']}: {pct(r['power_breach_at_margin_plus_5pts_nu_1pct'])}" for r in rows
                           if r["n"] in (100, 300))
         lines.append(f"| {name} | {100 * margin:g} % | {ns} | {pct(max(r['max_exact_breach'] for r in rows))} | "
-                     f"{pct(max(r['max_exact_clear'] for r in rows))} | breach at a drop of Δ + 5 points, 1 % of items fixed: {power} % |")
+                     f"{pct(max(r['max_exact_clear'] for r in rows))} | breach at a drop of Δ + 5 points, 1 % of items "
+                     f"fixed: {power} % |")
         if margin:
             lines.append(f"| Tango's normal approximation (before) | {100 * margin:g} % | {ns} | "
                          f"{pct(max(r['max_tango_breach'] for r in rows))} | {pct(max(r['max_tango_clear'] for r in rows))}"

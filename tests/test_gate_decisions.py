@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
-from scipy.stats import binom, chi2, norm
+from scipy.stats import binom, chi2
 
 from adaptguard.compat.decide import p_beyond
 from adaptguard.compat.gate import Threshold, check_gate, describe, exit_status
