@@ -78,12 +78,39 @@ def test_paraphrase_split_holds_out_prompts():
     assert {r["prompt"] for r in other_train} != {r["prompt"] for r in train}
 
 
+def answer_log_probs(model, tok, rows) -> list[float]:
+    """Per row: log p(completion + EOS | prompt), the answer's whole probability (unpadded, one row at a time).
+    Above log ½ it is the greedy answer: every token's probability then exceeds ½, so greedy decoding emits it."""
+    import torch
+
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for r in rows:
+            prompt = tok(r["prompt"])["input_ids"]
+            ids = tok(r["prompt"] + r["completion"])["input_ids"] + [tok.eos_token_id]
+            assert ids[:len(prompt)] == prompt  # the completion's tokens follow the prompt's unchanged
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+            out.append(sum(logp[i - 1, ids[i]].item() for i in range(len(prompt), len(ids))))
+    return out
+
+
 def test_old_only_mask_moves_the_student_to_v1s_answers(tmp_path, embedded_path):
-    """MUSCLE's mechanism on a constructed case with a wide margin (no float noise can flip it): the v1
-    and v2 task adapters learn *different* answers to the same 12 prompts (v1 the capital, v2 the next
-    country's capital). Distilled from v1 alone (`old_only`), the compatibility adapter, which starts
-    as v2's adapter, must answer as v1 does; from v2 alone (`new_only`, the control), as v2 does.
-    Measured (AVX2 and scalar kernels, 1 and 2 threads): 12/12 in every case, from 8 compat epochs on."""
+    """MUSCLE's mechanism on a constructed case: the v1 and v2 task adapters learn *different* answers to the same
+    12 prompts (v1 the capital, v2 the next country's capital). Distilled from v1 alone (`old_only`), the
+    compatibility adapter, which starts as v2's adapter, must answer as v1 does; from v2 alone (`new_only`, the
+    control, trained on the same rows whose labels are v1's answers), nothing pulls it: its teacher is its own start.
+
+    Asserted on log-probabilities of whole answers, with margins no CPU's rounding crosses (issue 79; measured on an
+    AMD EPYC, native AVX2 and `ATEN_CPU_CAPABILITY=default`, 1 and 2 threads, numpy's dispatch on and off: the kernel
+    sets differ by ≤ 0.012 nat): each task model's own answer and the moved student's v1 answer have log p > log ½ on
+    every item (weakest −0.17 and −0.03 against −0.69), and the moved student prefers v1's answer to v2's by > 2 nats
+    on every item (weakest 4.6; v2 the other way, weakest 2.8). The control is asserted at its start, not after
+    training: its loss and gradient are rounding (≤ 3e-7, against old_only's 0.57 and 1.6), and Adam's first step
+    turns rounding into an lr-sized step on every weight (lr·g/(|g|+ε) with |g| ≈ ε), so where a trained control
+    ends is the kernels' rounding (v2's answers on 12/12 items natively, 2/12 under scalar kernels), not the mask."""
+    import math
+
     from datasets import Dataset
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
@@ -105,30 +132,41 @@ def test_old_only_mask_moves_the_student_to_v1s_answers(tmp_path, embedded_path)
     v2_adapter = _train_task_adapter(cfg, base, v2_rows, tmp_path / "v2", tok)
     v1 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), v1_adapter).merge_and_unload()
     v2 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), v2_adapter)
-    v1_answers, v2_answers = generate_answers(v1, tok, v1_rows, 8), generate_answers(v2, tok, v1_rows, 8)
+    half = math.log(0.5)
 
-    def agree(a, b):
-        return sum(x == y for x, y in zip(a, b))
+    def preference_for_v1(model):  # per item: log p(v1's answer) − log p(v2's answer), in nats
+        return [a - b for a, b in zip(answer_log_probs(model, tok, v1_rows), answer_log_probs(model, tok, v2_rows))]
 
-    # the premise: each task model learned its own answers, so they disagree item by item
-    assert agree(v1_answers, [r["completion"].strip() for r in v1_rows]) >= 11
-    assert agree(v2_answers, [r["completion"].strip() for r in v2_rows]) >= 11
+    # the premise: each task model learned its own answers (probability > ½ each: its greedy answers, 12/12)
+    assert min(answer_log_probs(v1, tok, v1_rows)) > half and min(answer_log_probs(v2, tok, v2_rows)) > half
+    assert generate_answers(v1, tok, v1_rows, 8) == [r["completion"].strip() for r in v1_rows]
+    assert generate_answers(v2, tok, v1_rows, 8) == [r["completion"].strip() for r in v2_rows]
+    assert max(preference_for_v1(v2)) < -2  # v2 prefers its own answer by > 2 nats on every item
 
-    def compat_answers(mask):
+    def compat(mask, **steps):
         args = MUSCLEConfig(output_dir=str(tmp_path / mask), new_adapter=str(v2_adapter), mask=mask,
-                            learning_rate=5e-3, num_train_epochs=15, per_device_train_batch_size=12, max_length=64,
-                            bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none",
-                            save_strategy="no", disable_tqdm=True, seed=0)
+                            learning_rate=5e-3, per_device_train_batch_size=12, max_length=64, bf16=False,
+                            gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="no",
+                            disable_tqdm=True, seed=0, logging_steps=1, **steps)
         trainer = MUSCLETrainer(model=base, args=args, old_model=v1, old_processing_class=tok,
                                 train_dataset=Dataset.from_list(v1_rows), processing_class=tok)
         trainer.remove_callback(PrinterCallback)
         trainer.train()
-        return generate_answers(trainer.model, tok, v1_rows, 8)
+        return trainer.model, [h for h in trainer.state.log_history if "loss" in h]
 
-    moved = compat_answers("old_only")
-    assert agree(moved, v1_answers) >= 10 and agree(moved, v2_answers) <= 2
-    kept = compat_answers("new_only")
-    assert agree(kept, v2_answers) >= 10 and agree(kept, v1_answers) <= 2
+    moved, moved_log = compat("old_only", num_train_epochs=15)
+    assert len(moved_log) == 15 and all(h["compat/frac_aligned_old"] == 1 for h in moved_log)  # every token: v1
+    # the pull: v1's answer is the moved student's greedy answer on every item, > 2 nats above v2's (from < −2)
+    assert min(answer_log_probs(moved, tok, v1_rows)) > half and min(preference_for_v1(moved)) > 2
+    assert generate_answers(moved, tok, v1_rows, 8) == [r["completion"].strip() for r in v1_rows]
+    # the control: mask 0 on every token, and at the start (student = v2 = its teacher) neither loss nor gradient,
+    # though the rows' labels are v1's answers — against old_only's at the same start
+    _, kept_log = compat("new_only", max_steps=1)
+    (kept_start,), moved_start = kept_log, moved_log[0]
+    assert kept_start["compat/frac_aligned_old"] == 0
+    assert moved_start["loss"] > 0.1 and moved_start["grad_norm"] > 0.5
+    assert abs(kept_start["loss"]) < 1e-4 * moved_start["loss"]
+    assert kept_start["grad_norm"] < 1e-4 * moved_start["grad_norm"]
 
 
 def test_cli_seed_sweep_reports_the_spread_of_the_per_seed_runs(tmp_path, embedded_path):
