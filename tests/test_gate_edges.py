@@ -4,6 +4,7 @@ every output held to the decision the data support; the exact tests checked agai
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -347,3 +348,105 @@ def test_the_built_wheel_compares_the_shipped_pair(tmp_path):
     assert proc.returncode in (1, 3), proc.stderr[-2000:]
     report = json.loads((tmp_path / "c.json").read_text())
     assert len(report["tasks"]) >= 2 and report["gate"]["decisions"]
+
+
+# ------------------------------------------------------ every output agrees with the exit code, on four kinds of runs
+def assert_outputs_agree(folder: Path, code: int) -> None:
+    """The JSON, the Markdown, the page and the exit code of one `compare` say the same: the status, every
+    decision in the verdict column, and no verdict word the gate did not reach."""
+    from adaptguard.compat.gate import EXIT_PASSED, EXIT_REGRESSION, EXIT_UNDECIDED
+
+    report = json.loads((folder / "report.json").read_text())
+    gate = report["gate"]
+    assert code == {"breach": EXIT_REGRESSION, "undecided": EXIT_UNDECIDED, "clear": EXIT_PASSED}[gate["status"]]
+    md, page = (folder / "gate.md").read_text(), (folder / "gate.html").read_text()
+    head = {"breach": "FAILED", "undecided": "UNDECIDED", "clear": "passed"}[gate["status"]]
+    assert f"**Gate: {head}" in md and f"gate: {head}" in page.split('id="verdict">')[1].split("</div>")[0]
+    banner = page.split('id="verdict"')[0].rsplit("<div ", 1)[1]
+    assert {"breach": "failed", "undecided": "undecided", "clear": "passed"}[gate["status"]] in banner
+    for d in gate["decisions"]:
+        word = "BREACH" if d["decision"] == "breach" else d["decision"]
+        row = next(line for line in md.splitlines() if line.startswith(f"| {d['task']} |")) \
+            if not d["task"].startswith("overall") else None
+        assert row is None or f"{word} (" in row and d["expr"] in row.split(f"{word} (")[1].split(")")[0], (d, row)
+    for phrase in (r"not significant\b", "REGRESSION", "a drop the data support", "gate: passed, every threshold clear"
+                   if gate["left_out"] else "@@"):  # verdicts of their own, beside the gate's
+        assert not re.search(phrase, md), phrase
+
+
+def compare_all(capsys, folder: Path, old, new, *args) -> int:
+    code = main(["compare", str(old), str(new), *args, "--json", str(folder / "report.json"), "--markdown",
+                 str(folder / "gate.md"), "--html", str(folder / "gate.html")])
+    capsys.readouterr()
+    return code
+
+
+LAMBADA_YAML = """task: t_lambada
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: loglikelihood
+test_split: test
+doc_to_text: "{{{{context}}}}"
+doc_to_target: " {{{{word}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+@pytest.mark.slow
+def test_outputs_agree_on_a_loglikelihood_task_run_through_lm_eval(tmp_path, capsys, embedded_path, tiny_v2_path):
+    """A lambada-style task (one [log-likelihood, is_greedy] per document) evaluated by lm-eval on the embedded model
+    and its update: no chance level, never churn, its flips gated; every output says what the exit code says."""
+    import subprocess
+    import sys
+
+    from lm_eval_runs import ANTONYMS
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    rows = [{"context": f"the opposite of {a} is", "word": b} for a, b in ANTONYMS]
+    (tasks / "lambada.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "t_lambada.yaml").write_text(LAMBADA_YAML.format(data=tasks / "lambada.jsonl"))
+    for side, model in (("old", embedded_path), ("new", tiny_v2_path)):
+        proc = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={model}",
+                               "--tasks", "t_lambada", "--include_path", str(tasks), "--device", "cpu",
+                               "--batch_size", "8", "--log_samples", "--output_path", str(tmp_path / side)],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    for exprs in (["--fail-on", "nfr>2%"], ["--fail-on", "nfr>90%", "--fail-on", "acc_drop>50%"]):
+        code = compare_all(capsys, tmp_path, tmp_path / "old", tmp_path / "new", *exprs)
+        report = json.loads((tmp_path / "report.json").read_text())
+        entry = report["tasks"]["t_lambada"]
+        assert entry["output_type"] == "loglikelihood" and entry["churn"] is None
+        assert all(d["task"] == "t_lambada" for d in report["gate"]["decisions"])  # nothing left out as churn
+        assert_outputs_agree(tmp_path, code)
+
+
+def test_outputs_agree_on_the_shipped_pair_a_replicate_set_and_a_churn_set(tmp_path, capsys):
+    code = compare_all(capsys, tmp_path, "example:fp32", "example:int8", "--fail-on", "nfr>10%",
+                       "--fail-on", "acc_drop>1%", "--fail-on", "overall:acc_drop>1%")
+    assert code == 1
+    assert_outputs_agree(tmp_path, code)
+    rng = np.random.default_rng(3)
+    base = rng.random(150) < 0.7
+    for r in range(2):  # replicates: reruns that differ a little, the update breaking 10 % of the items
+        write_mc(tmp_path / f"old{r}", "t", base ^ (rng.random(150) < 0.03))
+        write_mc(tmp_path / f"new{r}", "t", base & (rng.random(150) >= 0.1))
+    code = compare_all(capsys, tmp_path, f"{tmp_path / 'old0'},{tmp_path / 'old1'}",
+                       f"{tmp_path / 'new0'},{tmp_path / 'new1'}", "--fail-on", "nfr>2%", "--fail-on", "excess_nfr>20%")
+    assert code == 1
+    assert_outputs_agree(tmp_path, code)
+    # both at chance on a binary task, a quarter of the items flipping each way: what two coin tossers do
+    write_mc(tmp_path / "cold", "coin", [i % 2 == 0 for i in range(300)], 2)
+    write_mc(tmp_path / "cnew", "coin", [i % 4 < 2 for i in range(300)], 2)
+    write_mc(tmp_path / "cold", "big", [True] * 400), write_mc(tmp_path / "cnew", "big", [True] * 400)
+    code = compare_all(capsys, tmp_path, tmp_path / "cold", tmp_path / "cnew", "--fail-on", "nfr>2%")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert code == 0 and report["tasks"]["coin"]["churn"]["churn"] and report["gate"]["left_out"]
+    assert_outputs_agree(tmp_path, code)

@@ -86,17 +86,15 @@ def _churn_word(e: dict, report: dict) -> str | None:
 
 def _verdict(e: dict, name: str, report: dict) -> str:
     """The task's verdict: the gate's decisions when there is a gate (the worst first), else the regression flag."""
+    from .decide import DECISIONS
+
     gate = report.get("gate")
     churn = _churn_word(e, report)
-    if gate is not None:
+    if gate is not None:  # every decision on the task, the worst first
         mine = task_decisions(gate, name)
-        for kind in ("breach", "undecided"):
-            hit = [d["expr"] for d in mine if d["decision"] == kind]
-            if hit:
-                return f"{kind.upper() if kind == 'breach' else kind} ({', '.join(hit)})" + (f"; {churn}" if churn else "")
-        if mine:
-            return "clear" + (f"; {churn}" if churn else "")
-        return churn or "not gated"
+        parts = [f"{kind.upper() if kind == 'breach' else kind} ({', '.join(hit)})" for kind in DECISIONS
+                 if (hit := [d["expr"] for d in mine if d["decision"] == kind])]
+        return "; ".join(parts + ([churn] if churn else [])) or "not gated"
     reg = e.get("regression")
     if reg is None:
         return churn or "–"
