@@ -108,8 +108,11 @@ def test_compare_gate_on_real_runs(lm_runs, tmp_path):
         assert b["task"] in proc.stderr and f"nfr = {100 * b['value']:.2f}% > {100 * threshold:.2f}%" in proc.stderr
     assert "Gate: FAILED" in (out / "g.md").read_text() and "(!)" in (out / "g.md").read_text()
 
-    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", "--fail-on", f"nfr>{worst}", "--fail-on",
-                   f"acc_drop>{max(w['old_acc'] - w['new_acc'] for w in want.values())}", "--significance", "off",
+    # a rate of 1 is written with its unit (`nfr>1` alone is refused: 1 % or 100 %?)
+    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", "--fail-on", f"nfr>{worst}" if worst < 1 else "nfr>100%",
+                   "--fail-on",
+                   f"acc_drop>{drop}" if (drop := max(w['old_acc'] - w['new_acc'] for w in want.values())) < 1
+                   else "acc_drop>100%", "--significance", "off",
                    "--include-churn")
     assert proc.returncode == 0 and "gate: passed" in proc.stdout, proc.stderr[-2000:]
 

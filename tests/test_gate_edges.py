@@ -154,9 +154,9 @@ def test_flips_beyond_two_guessers_are_not_churn_but_guessing_is():
 
 # ------------------------------------------------------------------------- 4. rate thresholds outside [0, 1]
 @pytest.mark.parametrize("expr, message", [
-    ("nfr>1", "write 1% or 100%"), ("nfr>2", "write 2% or 200%"), ("nfr>-5%", "lies between 0% and 100%"),
+    ("nfr>1", "write 1% or 100% \\(1 alone"), ("nfr>2", "write 2% or 0.02"), ("nfr>-5%", "lies between 0% and 100%"),
     ("nfr>101%", "lies between 0% and 100%"), ("btc<-0.1", "lies between 0% and 100%"),
-    ("acc_drop>1", "write 1% or 100%"), ("acc_drop>-101%", "lies between -100% and 100%"),
+    ("acc_drop>1.0", "write 1.0% or 100%"), ("acc_drop>-101%", "lies between -100% and 100%"),
 ])
 def test_rate_thresholds_outside_their_range_or_without_a_unit_are_refused(expr, message):
     with pytest.raises(GateError, match=message):

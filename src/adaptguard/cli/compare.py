@@ -97,7 +97,7 @@ def _check_outputs(ns: argparse.Namespace) -> dict[str, str]:
                 raise ValueError(f"{flag} {path}: {blocked} is a file, not a folder; give a path in a folder "
                                  "(nothing was written)")
             if Path(path).is_dir():
-                raise ValueError(f"{flag} {path}: is a folder; give a file path (nothing was written)")
+                raise ValueError(f"{flag} {path}: is a directory; give a file path (nothing was written)")
         key = path if path == "-" else str(Path(path).resolve())
         if key in seen:
             raise ValueError(f"{seen[key]} and {flag} both write to {path}; give each output its own path (nothing was written)")

@@ -85,9 +85,9 @@ class Threshold:
                 raise GateError(f"--fail-on {expr!r}: {metric} is not a rate; give its threshold without %")
             value /= 100
         elif metric in IN_RATE_UNITS and abs(value) >= 1:  # `1` is 1 % or 100 %: say which
-            raise GateError(f"--fail-on {expr!r}: {metric} is a rate (the table prints it in %): write "
-                            f"{text}% or {value * 100:g}%" + (" (a fraction below 1, or a percentage)" if abs(value) == 1
-                                                             else f" or {value / 100:g}"))
+            raise GateError(f"--fail-on {expr!r}: {metric} is a rate (the table prints it in %): write " + (
+                f"{text}% or {value * 100:g}% (1 alone could mean either)" if abs(value) == 1 else
+                f"{text}% or {value / 100:g}"))
         low = 0.0 if metric in RATE_METRICS else -1.0  # a rate lies in [0, 1]; a difference of rates in [−1, 1]
         if metric in IN_RATE_UNITS and not low <= value <= 1:
             raise GateError(f"--fail-on {expr!r}: {metric} lies between {100 * low:g}% and 100%; a threshold of "
