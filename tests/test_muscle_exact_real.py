@@ -10,13 +10,14 @@ Tolerances (u = 2⁻²⁴, float32's unit roundoff):
 - the loss, per scored token t: |Δ| ≤ 8·u·S_t·(a_t/T + λ_CE), with a_t the token's teacher weights and S_t =
   max_v Σ_d |h_td W_vd| (≈ 190 here: u·S ≈ 1.1e-5), the rounding scale of one float32 logit (measured: 2–4 u·S). The
   exact loss is a difference of terms of the logits' size, LSE(z/T) − h·m/T, each from a float32 product over the
-  hidden size; a dense KL, Σ q (log q − log p), is not, and is 10–40 times closer.
+  hidden size; a dense KL, Σ q (log q − log p), is not (within 6e-6 per token here).
 - the gradient in h, over the batch: ‖Δ‖ ≤ 4 × the error of the same gradient computed densely in float32 (the logits
-  from a float32 product, Wᵀ(p − q)/T), i.e. what float32 earns on this CPU (measured: 1–2 ×).
+  from a float32 product, Wᵀ(p − q)/T), i.e. what float32 earns on this CPU (measured: about 1 ×).
 - a bfloat16 cache rounds each m_d, |δm_d| ≤ 2⁻⁸|m_d|, which adds a_old·2⁻⁸·Σ_d |h_td m_td|/T to the loss's bound
   and a_old·2⁻⁸·‖m_t‖/T per token (in quadrature) to the gradient's: rigorous bounds. The error it costs, measured,
   is in docs/muscle.md.
-Before issue 74's fix the loss at T = 1 was off by up to 1e-3 per token (≈ 90 u·S), its gradient by 100 × float32's.
+Before issue 74's fix the loss at T = 1 was off by up to 1e-3 per token (≈ 90 u·S), its gradient by 8 × float32's
+error.
 """
 
 from types import SimpleNamespace
@@ -29,9 +30,9 @@ pytestmark = pytest.mark.real
 U = 2.0 ** -24  # float32's unit roundoff
 U_BF16 = 2.0 ** -8  # bfloat16's (8 significant bits)
 TEMPERATURES = (0.5, 1.0, 2.0, 4.0)
-ROWS = [{"prompt": f"Q: What is {a} plus {b}?\nA:", "completion": f" {a + b}"} for a, b in ((2, 3), (4, 4), (7, 5), (9, 6))] + \
-       [{"prompt": f"Q: What is the opposite of {a}?\nA:", "completion": f" {b}"}
-        for a, b in (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"))]
+# one batch: 12 scored tokens (multi-digit answers, words, end-of-turn), peaked and flat next-token distributions
+ROWS = [{"prompt": f"Q: What is {a} plus {b}?\nA:", "completion": f" {a + b}"} for a, b in ((7, 5), (9, 6))] + \
+       [{"prompt": f"Q: What is the opposite of {a}?\nA:", "completion": f" {b}"} for a, b in (("hot", "cold"), ("up", "down"))]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def run(smollm2_path, tmp_path_factory):
             if p.ndim == 2 and "embed" not in name:
                 p.add_(0.02 * p.std() * torch.randn(p.shape, generator=g))
     args = MUSCLEConfig(output_dir=str(tmp / "run"), bf16=False, use_cpu=True, report_to="none", save_strategy="no",
-                        per_device_train_batch_size=8, max_length=32, temperature=1.0, mask="student_wrong",
+                        per_device_train_batch_size=4, max_length=32, temperature=1.0, mask="student_wrong",
                         ce_weight=0.0, disable_tqdm=True, seed=0, **no_activation_checkpointing())
     trainer = MUSCLETrainer(model=str(smollm2_path), args=args, old_model=old, old_processing_class=tok,
                             processing_class=tok, train_dataset=Dataset.from_list(ROWS),
