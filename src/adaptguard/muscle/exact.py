@@ -64,9 +64,9 @@ def _log_softmax(z: torch.Tensor) -> torch.Tensor:
     LSE(z/T) − h·m/T − H(q) holds only for Σ q = 1 (an excess δ costs δ·h·m/T, the logits' size: ~35 on SmolLM2).
     Not `torch.log_softmax`: its float32 CPU kernel adds exp(z − max) one after another in a few SIMD lanes, so over
     a vocabulary of 49,152 the terms below half an ulp of a lane's sum are lost and Σ q exceeds 1 by up to 3e-5 near
-    T = 1 (fewer such terms at T < 1, none lost at T > 1.5): the KL was 2.5e-4 low (issue 74). Nor z − logsumexp(z),
-    whose normaliser is rounded at the logits' size (δ ~ 3e-6 at T = 0.5). Here the sum is `torch.sum`'s cascade of
-    terms ≤ 1 and the normaliser, log Σ, lies in [0, log V]."""
+    T = 1 (their mass is small at T = 0.5, and none is lost at T = 2): the KL was 2.5e-4 low (issue 74). Nor
+    z − logsumexp(z), whose normaliser is rounded at the logits' size (δ ~ 3e-6 at T = 0.5). Here the sum is
+    `torch.sum`'s (a cascade on a CPU) of terms ≤ 1, and the normaliser, log Σ, lies in [0, log V]."""
     shifted = z - z.amax(-1, keepdim=True)
     return shifted.sub_(shifted.exp().sum(-1, keepdim=True).log())
 
