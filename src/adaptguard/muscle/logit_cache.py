@@ -1,7 +1,7 @@
 """Caches of the old (v1) model, so that `MUSCLETrainer` can train without it in memory: its top-k log-probabilities
 (version 1, below), or — exact, and the one the default loss reads — its teacher vectors (version 2,
 `build_vector_cache`: per scored token m = s·W_sᵀ softmax(z_old/T) with the student's output layer W_s, H(q), s·b·q, the
-argmax and the label's log-probability; `shard-*.safetensors` hold `m` (n, H) in bfloat16 by default, `entropy`,
+argmax and the label's log-probability; `shard-*.safetensors` hold `m` (n, H) in float32 by default (bfloat16 on request: docs/muscle.md says what it costs), `entropy`,
 `bias_dot`, `label_logp` (n,) float32, `top1` (n,) int32 and `offsets`; `cache.json` records the temperature, the
 output layer's fingerprint, the hidden size and the dtype, and a cache built for another output layer or temperature
 is refused in one line).
@@ -211,7 +211,7 @@ def build_logit_cache(model, tokenizer, dataset, data_collator, out_dir: str | P
 
 @torch.no_grad()
 def build_vector_cache(model, tokenizer, dataset, data_collator, out_dir: str | Path, student_head, *,
-                       temperature: float, dtype: torch.dtype = torch.bfloat16, batch_size: int = 8,
+                       temperature: float, dtype: torch.dtype = torch.float32, batch_size: int = 8,
                        rows_per_shard: int = 10_000, model_name: str = "") -> Path:
     """Run the old model once over a prepared dataset and write an exact cache of its teacher vectors
     (`exact.teacher_vectors`): per scored token m = s·W_sᵀ softmax(z_old / T) in `dtype` (H numbers), H(q), s·b·q,
@@ -303,7 +303,7 @@ def _build_cache(model, tokenizer, dataset, data_collator, out_dir, entries, met
 def cache_logits_for_training(old_model, tokenizer, train_dataset, out_dir: str | Path, *, k: int = 64,
                               max_length: int | None = 1024, batch_size: int = 8, model_name: str = "",
                               dataset_kwargs: dict | None = None, student_head=None, temperature: float | None = None,
-                              dtype: torch.dtype = torch.bfloat16, sft_kwargs: dict | None = None) -> Path:
+                              dtype: torch.dtype = torch.float32, sft_kwargs: dict | None = None) -> Path:
     """Tokenize `train_dataset` exactly as `MUSCLETrainer`/`SFTTrainer` will (with `tokenizer`, the new
     model's), run the old model over it and write the cache to `out_dir`: its top-k log-probabilities, or, given
     `student_head` (the output layer of the model to be trained, `trainer.output_head`) and `temperature`, the
