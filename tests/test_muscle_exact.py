@@ -157,7 +157,8 @@ def test_what_is_not_reducible_is_refused():
 def test_the_exact_cache_gives_the_online_loss_and_is_refused_for_another_head_or_temperature(embedded_path, update,
                                                                                                 tiny_v2_path, tmp_path):
     """`cache-logits --kind vectors`: v1 read once into m = Wᵀq vectors; MUSCLETrainer's loss from the cache equals the
-    loss with v1 online (float32 vectors, the default: 1e-5; bfloat16: 1e-3), m is stored in the dtype asked, and a cache built at another temperature or for another output layer is refused in one line."""
+    loss with v1 online (float32 vectors, the default: 1e-5; bfloat16: 1e-3), m is stored in the dtype asked, and a
+    cache built at another temperature or for another output layer is refused in one line."""
     import json
     import subprocess
     import sys
