@@ -3,8 +3,8 @@
 `build_vector_cache`: per scored token m = s·W_sᵀ softmax(z_old/T) with the student's output layer W_s, H(q), s·b·q, the
 argmax and the label's log-probability; `shard-*.safetensors` hold `m` (n, H) in float32 by default (bfloat16 on
 request: docs/muscle.md says what it costs), `entropy`, `bias_dot`, `label_logp` (n,) float32, `top1` (n,) int32
-and `offsets`; `cache.json` records the temperature, the output layer's fingerprint, the hidden size and the dtype, and a cache built for another output layer or temperature
-is refused in one line).
+and `offsets`; `cache.json` records the temperature, the output layer's fingerprint, the hidden size and the dtype,
+and a cache built for another output layer or temperature is refused in one line).
 
 The top-k cache:
 
