@@ -28,6 +28,7 @@ Data: BIG-bench (Apache-2.0), read from the PyPI sdist bigbench==1.0.0 (download
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,15 @@ class Args:
     generated_limit: int = field(default=400, metadata={"help": "Items of each --generated task (the first ones)."})
     floor: bool = field(default=False, metadata={"help": "With --schemes: evaluate fp32 again with batch size 5 on "
                                                          "one thread first: the evaluation's own noise floor."})
+    scheme_floors: bool = field(default=False, metadata={"help": "With --schemes: then, on this machine, fp32 and "
+                                                                 "every runnable scheme at the recorded setting and "
+                                                                 "at batch 5 on one thread (records <scheme>_<cpu> "
+                                                                 "and <scheme>_<cpu>_floor): each scheme's own floor "
+                                                                 "(E6 amendment 3)."})
+    rerun_tasks: str = field(default="", metadata={"help": "With --scheme_floors: the tasks the reruns evaluate "
+                                                         "(lm-eval names, comma-separated; empty: all)."})
+    batch_one: bool = field(default=False, metadata={"help": "With --scheme_floors: then fp32 and every scheme at "
+                                                             "batch 1 on one thread (records <scheme>_b1)."})
     kl_texts: int = field(default=0, metadata={"help": "With --schemes: mean per-token KL(fp32 || scheme) on the "
                                                       "first N logiqa passages of `evals` (held out: not evaluated)."})
     records: str = field(default="", metadata={"help": "With --schemes: keep each finished scheme's per-item scores "
@@ -101,6 +111,25 @@ SCHEMES = {
 }
 LOW_BIT = ("nf4", "fp4", "int4_wo", "quanto_int4")  # ≤ 4.5 bits per weight (H3)
 FLOOR = "fp32_floor"  # fp32 again, batch 5 on one thread
+# E6 amendment 3: each scheme's own floor, measured between two runs on one machine. Run names:
+# <scheme>_<cpu> (the recorded batch and threads on this CPU; <cpu> is torch's kernel set, e.g. avx2), then
+# <scheme>_<cpu>_floor (batch 5, one thread) and <scheme>_<cpu>_b1 (batch 1, one thread): {kind: (batch, threads)}
+RERUNS = {"": None, "_floor": (5, 1), "_b1": (1, 1)}
+RERUN_ORDER = ("int8_dynamic", "quanto_int4", "quanto_int8", "int8_wo", "int8_bnb", "fp4", "nf4", "fp16", "bf16")
+_RERUN_NAME = re.compile(r"^(?P<scheme>.+?)_(?P<cpu>avx[0-9a-z]*|default|zvector|sve[0-9]*)(?P<kind>_floor|_b1)?$")
+
+
+def cpu_tag() -> str:
+    """This CPU's kernel set as torch picks it (avx2, avx512, …): the tag of the reruns made here."""
+    return torch.backends.cpu.get_cpu_capability().lower()
+
+
+def parse_run(name: str) -> tuple[str, str | None, str]:
+    """(scheme, cpu tag or None for a recorded E6 run, kind): `nf4_avx2_floor` → (nf4, avx2, _floor)."""
+    m = _RERUN_NAME.match(name)
+    if m and m["scheme"] in SCHEMES:
+        return m["scheme"], m["cpu"], m["kind"] or ""
+    return ("fp32", None, "_floor") if name == "fp32_floor" else (name, None, "")
 
 
 def load_scheme(path: str, scheme: str):
@@ -214,7 +243,8 @@ def markdown(report: dict) -> str:
 
 E6 = {"tasks": ",".join(DEFAULT_TASKS), "limit": 400, "schemes": ",".join(s for s in SCHEMES if s != "fp32"),
       "generated": "arithmetic", "generated_limit": 400, "floor": True, "kl_texts": 200,
-      "records": "docs/results/e6_records", "batch_size": 16}
+      "records": "docs/results/e6_records", "batch_size": 16, "scheme_floors": True,
+      "rerun_tasks": "bb_arithmetic,bb_date_understanding,bb_general_knowledge,bb_hindu_knowledge"}
 RECORD_KEYS = ("doc_id", "doc_hash", "prompt_hash", "target_hash", "filter", "metrics", "acc", "acc_norm",
                "exact_match")
 
@@ -336,8 +366,9 @@ def run_schemes(args: Args) -> dict:
     out = Path(args.out)
     records = Path(args.records) if args.records else out / "records"
     order = ["fp32", *([FLOOR] if args.floor else []), *schemes]
+    reruns = scheme_reruns(schemes, args) if args.scheme_floors else []
     if args.report:
-        return write_schemes_report(records, order, out, asked)
+        return write_schemes_report(records, order, out, asked, reruns)
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tasks = write_lm_eval_tasks(load_tasks(args.tasks.split(",")), out / "tasks", limit=args.limit)
@@ -351,27 +382,34 @@ def run_schemes(args: Args) -> dict:
         texts = [r["input"] for r in load_set("logiqa")[:args.kl_texts]]
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     threads = torch.get_num_threads()
-    for scheme in order:
+    for scheme in order + reruns:
         if (records / scheme / "meta.json").exists():
             print(f"{scheme}: recorded in {records / scheme}, skipped", flush=True)
             continue
-        meta = {"scheme": scheme, "spec": SCHEMES["fp32" if scheme == FLOOR else scheme], "model": args.model,
-                "batch_size": 5 if scheme == FLOOR else args.batch_size, "threads": 1 if scheme == FLOOR else threads,
-                "machine": machine_info(), "versions": library_versions()}
+        base, _, kind = parse_run(scheme)
+        if scheme in reruns and not json.loads((records / base / "meta.json").read_text())["runnable"]:
+            continue  # a scheme that did not run in E6 has no rerun
+        batch_size, n_threads = RERUNS[kind] or (args.batch_size, threads)
+        run_tasks = [t for t in tasks if t in args.rerun_tasks.split(",")] if scheme in reruns and args.rerun_tasks \
+            else tasks
+        meta = {"scheme": scheme, "spec": SCHEMES[base], "model": args.model, "batch_size": batch_size,
+                "threads": n_threads, "tasks": run_tasks, "machine": machine_info(), "versions": library_versions(),
+                "loadavg_start": os.getloadavg()}
         partial = records / f".{scheme}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         try:
             tick = time.perf_counter()
             with logged("transformers") as lines:  # transformers reports a failed weight conversion in its log
-                model = reference if scheme in ("fp32", FLOOR) else load_scheme(path, scheme)
+                model = reference if base == "fp32" else load_scheme(path, base)
             meta["load_seconds"] = time.perf_counter() - tick
             torch.set_num_threads(meta["threads"])
             try:
                 tick = time.perf_counter()
-                output = evaluate_with_lm_eval(model, tokenizer, tasks, batch_size=meta["batch_size"],
+                output = evaluate_with_lm_eval(model, tokenizer, run_tasks, batch_size=meta["batch_size"],
                                                include_path=[out / "tasks"])
                 meta["eval_seconds"] = time.perf_counter() - tick
+                meta["loadavg_end"] = os.getloadavg()  # other users of the cores show here, not in the seconds
             finally:
                 torch.set_num_threads(threads)
         except Exception as e:  # reported as not runnable here, with its error, never dropped
@@ -381,8 +419,8 @@ def run_schemes(args: Args) -> dict:
         else:
             meta |= {"runnable": True, "weight_bytes": weight_bytes(model),
                      "accuracy": {t: output["results"][t].get("acc,none", output["results"][t].get(
-                         "exact_match,none")) for t in tasks}}
-            if texts and scheme != FLOOR:
+                         "exact_match,none")) for t in run_tasks}}
+            if texts and scheme != FLOOR and scheme not in reruns:
                 kl = kl_from_reference(reference, model, tokenizer, texts)
                 meta["tokens_per_second"] = sum(kl["tokens"]) / kl["forward_seconds"]
                 meta["kl_mean"] = sum(kl["sum"]) / sum(kl["tokens"])
@@ -395,12 +433,22 @@ def run_schemes(args: Args) -> dict:
         atomic_write_text(partial / "meta.json", json.dumps(meta, indent=1))
         shutil.rmtree(records / scheme, ignore_errors=True)  # a folder without meta.json: an older unfinished copy
         os.replace(partial, records / scheme)  # the scheme's records appear whole or not at all
-        if meta["runnable"] and scheme != "fp32":
+        if meta["runnable"] and scheme != "fp32" and scheme not in reruns:
             runs = out / "runs" if (out / "runs" / "fp32").exists() else records  # resumed: the records' page
             compared = compare_runs(runs / "fp32", runs / scheme)
             flips = [{"task": t, **f} for t, e in compared["tasks"].items() for f in flipped_documents(e)]
             write_outputs(compared, html_path=out / f"report_{scheme}.html", flips=flips)
-    return write_schemes_report(records, order, out, asked)
+    return write_schemes_report(records, order, out, asked, reruns)
+
+
+def scheme_reruns(schemes: list[str], args: Args, tag: str | None = None) -> list[str]:
+    """E6 amendment 3's runs on this machine, in their registered order: fp32 at the recorded setting, each scheme at
+    the recorded setting and at its floor's (cheapest first, the 16-bit casts last), fp32's floor, then (with
+    `batch_one`, or for the report) batch 1."""
+    tag = tag or cpu_tag()
+    ranked = [s for s in RERUN_ORDER if s in schemes] + [s for s in schemes if s not in RERUN_ORDER]
+    runs = [f"fp32_{tag}", *(f"{s}_{tag}{k}" for s in ranked for k in ("", "_floor")), f"fp32_{tag}_floor"]
+    return runs + ([f"{s}_{tag}_b1" for s in ranked] if args.batch_one or args.report else [])
 
 
 def item_scores(folder: Path) -> dict[str, dict[int, float]]:
@@ -426,7 +474,7 @@ def hidden_flips(old: np.ndarray, new: np.ndarray) -> float:
     return float(np.mean(old * (1 - new)) - abs(np.mean(new) - np.mean(old)))
 
 
-def write_schemes_report(records: Path, order: list[str], out: Path, args: Args) -> dict:
+def write_schemes_report(records: Path, order: list[str], out: Path, args: Args, reruns=()) -> dict:
     """E6's table and the three registered decisions, from the records alone."""
     import json
 
