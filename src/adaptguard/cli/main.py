@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from . import cache_logits, compare, demo, drift, lm_eval, models, select, update
+from . import cache_logits, compare, demo, drift, evaluate, lm_eval, models, select, update
 from .common import _Parser
 
 
@@ -14,7 +14,7 @@ def build_parser():
     parser = _Parser(prog="adaptguard", description="Adapt and update LLMs without breaking what already works.")
     parser.add_argument("--version", action="version", version=f"adaptguard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (demo, compare, lm_eval, cache_logits, update, drift, select, models):
+    for command in (demo, compare, evaluate, lm_eval, cache_logits, update, drift, select, models):
         command.add(sub)
     return parser
 

@@ -19,6 +19,7 @@ from .formats import read_runs
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
 from .replicates import chance_rate, items_beyond_noise, replicate_flips
 from .runs import RunError, Sample, TaskRun
+from .sequential import attach, load_record, restrict
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
 
@@ -319,13 +320,15 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
     for paths, label in zip(candidates, labels):
         new, *new_replicates = [run for p in paths for run in read_runs(p, notes, scorer)]
         runs_per_side.append(1 + len(new_replicates))
-        names = _select_tasks(old, new, olds[0], paths[0], tasks, common_tasks, notes)
+        record = load_record(paths[0]) if len(paths) == 1 and not old_replicates else None
+        base = restrict(old, record) if record is not None else old  # evaluated until decided: its documents only
+        names = _select_tasks(base, new, olds[0], paths[0], tasks, common_tasks or record is not None, notes)
         if compat is not None and not set(names) <= set(compat):
             raise RunError(f"the compatible run {compatible_path} lacks tasks {sorted(set(names) - set(compat))}")
         mine = {}
         for task in names:
             asked = _metric_for(metric, task)
-            per_filter = compare_task(old[task], new[task], similarity=similarity, metric=asked,
+            per_filter = compare_task(base[task], new[task], similarity=similarity, metric=asked,
                                       compatible=None if compat is None else compat[task], n_boot=n_boot, seed=seed,
                                       level=level)
             for filt, entry in per_filter.items():
@@ -341,6 +344,8 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
                         entry["items"] = items_beyond_noise(o, n, q=alpha)
                         entry["_run_samples"] = ([entry["_samples"][0], *samples_o], [entry["_samples"][1], *samples_n])
                     entry["churn"] = _is_churn(entry, entry["_samples"][0], alpha)
+                    if record is not None:
+                        attach(entry, record, task, base[task], new[task], entry["metric"])
                 name = task if len(per_filter) == 1 else f"{task},{filt}"
                 mine[name if len(candidates) == 1 else f"{name} [{label}]"] = entry
         flag_regressions(mine, alpha, include_churn)

@@ -119,6 +119,8 @@ def p_beyond(entry: dict, metric: str, threshold: float, op: str) -> float:
     from .replicates import t_sf
 
     greater = op == ">"
+    if "sequential" in entry:  # evaluated until decided: valid at every look, not only at a fixed n
+        return anytime_p(entry, metric, threshold, op)
     if replicated(entry):
         estimate, se, df = _run_level(entry, metric)
         z = estimate - threshold if greater else threshold - estimate
@@ -137,6 +139,8 @@ def interval(entry: dict, metric: str, alpha: float) -> tuple[float, float] | No
     shows p-values) and for metrics without a test."""
     from .replicates import t_quantile
 
+    if "sequential" in entry:
+        return anytime_bounds(entry, metric, alpha)
     if replicated(entry):
         if metric not in RUN_LEVEL_METRICS or metric == "acc_drop":
             return None
@@ -156,7 +160,7 @@ def items_needed(entry: dict, metric: str, threshold: float, op: str, alpha: flo
                  ) -> int | None:
     """For an undecided rate of one run: how many items, at the rate observed, its test needs to decide (either
     way); None when no number does (the rate equals the threshold) or the metric is not a rate of one run."""
-    if replicated(entry) or metric not in RATE_METRICS:
+    if replicated(entry) or metric not in RATE_METRICS or "sequential" in entry:
         return None
     k, n = counts(entry, metric)
     if n == 0:
@@ -200,6 +204,10 @@ def mde(entry: dict, metric: str, alpha: float, power: float = 0.8) -> float | N
 
 
 def test_name(entry: dict, metric: str, threshold: float = 0.0) -> str:
+    if "sequential" in entry:
+        return ("anytime-valid betting e-process" if metric == "acc_drop" else
+                "anytime-valid beta-binomial mixture e-process") + f" over {(k := len(entry['sequential']['looks']))} " \
+            + ("look" if k == 1 else "looks")
     if replicated(entry):
         return "one-sided t-test over runs and items, and the item-level exact test"
     if metric == "acc_drop":
@@ -317,6 +325,8 @@ def decide_across(name: str, names: list[str], entries: list[dict], pooled: dict
         return {**base, "decision": "breach" if beyond else "clear",
                 "why": "beyond the threshold" if beyond else "within the threshold", "p_value": None,
                 "p_within": None, "test": None, "mde": None}
+    if all("sequential" in e for e in entries):
+        return _across_sequential(base, names, entries, t, alpha)
     split = alpha / len(ACROSS_METHODS)
     towards = across_tasks(entries, pooled, t.value, t.op)
     within = p_beyond(pooled, "acc_drop", t.value, "<" if t.op == ">" else ">")
@@ -339,7 +349,152 @@ def decide_across(name: str, names: list[str], entries: list[dict], pooled: dict
             "within the threshold, but the data cannot show it"}
 
 
+def _across_sequential(base: dict, names: list[str], entries: list[dict], t, alpha: float) -> dict:
+    """`overall:acc_drop>θ` evaluated until decided: a breach ("some task dropped more than θ") when the product of
+    the tasks' betting e-processes (independent tasks: a product is an e-process) reaches 1/α at some round of looks
+    (a stopped task's wealth held); clear when every task's drop is shown below θ at α/K (then so is the pooled
+    drop); else undecided."""
+    import numpy as np
+
+    towards = [anytime_e_values(e, "acc_drop", t.value, t.op) for e in entries]
+    rounds = max(len(w) for w in towards)
+    product = [float(np.prod([w[min(r, len(w) - 1)] if w else 1.0 for w in towards])) for r in range(rounds)]
+    p = min(1.0, 1 / max(product, default=1.0))
+    within = [anytime_p(e, "acc_drop", t.value, "<" if t.op == ">" else ">") for e in entries]
+    worst = int(np.argmax([w[-1] if w else 1.0 for w in towards]))
+    out = {**base, "p_value": p, "p_within": min(1.0, len(entries) * max(within)), "mde": None,
+           "test": f"anytime-valid betting e-processes, their product across {len(entries)} tasks"}
+    if p < alpha:
+        e = entries[worst]
+        return {**out, "decision": "breach", "shows": "some_task", "worst_task": names[worst],
+                "value": e["old_acc"] - e["new_acc"], "why": "some task dropped beyond the threshold"}
+    if max(within) < alpha / len(entries):
+        return {**out, "decision": "clear", "why": "the data show it within the threshold"}
+    beyond = base["value"] > t.value if t.op == ">" else base["value"] < t.value
+    return {**out, "decision": "undecided", "why": "beyond the threshold, but not significantly" if beyond else
+            "within the threshold, but the data cannot show it"}
+
+
 def across_verdict(names: list[str], entries: list[dict], pooled: dict, alpha: float) -> dict:
     """With no threshold: does the data support an accuracy drop across the tasks (any of the three tests at α/3)?"""
     p = across_tasks(entries, pooled)
     return {"p": p, "alpha_each": alpha / len(p), "regression": bool(min(p.values()) < alpha / len(p))}
+
+
+# ------------------------------------------------------------------------- anytime-valid: evaluate until decided
+# Tests valid at every look (peeking allowed): an e-process E_t, a nonnegative supermartingale of mean ≤ 1 under H0,
+# rejects H0 the first time it reaches 1/α (Ville's inequality: P(sup_t E_t ≥ 1/α) ≤ α), so a run may stop as soon
+# as it does. The anytime-valid p-value is min(1, 1 / max over the looks so far of E).
+SEQUENTIAL_METRICS = ("nfr", "pfr", "btc", "old_acc", "new_acc", "acc_drop")
+
+
+def rate_e_value(k: int, n: int, rate: float, greater: bool) -> float:
+    """The beta-binomial mixture e-value of H0 "p ≤ `rate`" (`greater`) or "p ≥ `rate`" after k successes in n
+    Bernoulli trials (Robbins' mixture martingale): ∫ L(p) π(dp) / L(rate), π uniform on the alternative ((rate, 1]
+    or [0, rate)). For every p in H0 each factor's ratio has mean ≤ 1, so it is an e-process at every n; it depends
+    on (k, n) only, not on the order."""
+    from scipy.special import betaln
+    from scipy.stats import beta
+
+    if n == 0:
+        return 1.0
+    if greater and rate >= 1 or not greater and rate <= 0:
+        return 1.0  # H0 holds whatever the data: nothing to reject
+    if greater and rate <= 0:
+        return math.inf if k > 0 else 1.0
+    if not greater and rate >= 1:
+        return math.inf if k < n else 1.0
+    a, b = k + 1, n - k + 1
+    tail = beta.logsf(rate, a, b) if greater else beta.logcdf(rate, a, b)
+    width = 1 - rate if greater else rate
+    log_e = betaln(a, b) + tail - math.log(width) - k * math.log(rate) - (n - k) * math.log1p(-rate)
+    return math.exp(min(log_e, 700.0))
+
+
+def drop_e_process(x, margin: float, greater: bool, cap: float = 0.5) -> "np.ndarray":
+    """The betting e-process (Waudby-Smith & Ramdas 2024) of H0 "E[x] ≤ `margin`" (`greater`) or "≥" for paired
+    accuracy changes x_i ∈ {−1, 0, 1} (1: right → wrong) in the order evaluated: wealth Π (1 ± λ_i (x_i − margin))
+    with a predictable bet λ_i ≥ 0 (aGRAPA: the running mean's excess over the variance, from the items before i,
+    capped at `cap` of the largest safe bet), so every factor is ≥ 1 − cap > 0 and has mean ≤ 1 under H0.
+    Returns the wealth after each item, (n,)."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=float)
+    if margin >= 1 or margin <= -1:  # "drop > 1" never holds, "drop < 1" holds unless every item broke (and back)
+        impossible = greater == (margin >= 1)
+        if impossible:
+            return np.ones(len(x))
+        refuted = np.cumsum(x != (1.0 if margin >= 1 else -1.0)) > 0
+        return np.where(refuted, np.inf, 1.0)
+    sign = 1.0 if greater else -1.0
+    reach = 1 / (1 + margin) if greater else 1 / (1 - margin)  # the bet that could empty the wealth
+    wealth, out = 1.0, np.empty(len(x))
+    total = sq = 0.0
+    for i, v in enumerate(x):
+        mean = total / (i + 1)  # a pseudo-observation at 0: the first bets are small
+        var = (sq + 0.25) / (i + 1) - mean * mean
+        edge = sign * (mean - margin)
+        bet = min(max(edge / (max(var, 1e-4) + edge * edge), 0.0), cap * reach)
+        wealth *= 1 + bet * sign * (v - margin)
+        out[i] = wealth
+        total, sq = total + v, sq + v * v
+    return out
+
+
+def _sequences(entry: dict, metric: str) -> tuple[list[int], list[int]]:
+    """(successes, trials) of `metric` after each look of a sequential entry."""
+    import numpy as np
+
+    s = entry["sequential"]
+    old, new = np.asarray(s["old"], bool), np.asarray(s["new"], bool)
+    ks, ns = [], []
+    for n in s["looks"]:
+        o, w = old[:n], new[:n]
+        k, m = {"nfr": ((o & ~w).sum(), n), "pfr": ((~o & w).sum(), n), "btc": ((o & w).sum(), o.sum()),
+                "old_acc": (o.sum(), n), "new_acc": (w.sum(), n)}[metric]
+        ks.append(int(k)), ns.append(int(m))
+    return ks, ns
+
+
+def anytime_e_values(entry: dict, metric: str, threshold: float, op: str) -> list[float]:
+    """The e-value of "metric > θ" (`op` ">") or "< θ" at each look of a sequential entry (`entry["sequential"]`:
+    the old and new answers in the order evaluated, and the number of items at each look)."""
+    import numpy as np
+
+    greater = op == ">"
+    if metric == "acc_drop":
+        s = entry["sequential"]
+        x = np.asarray(s["old"], float) - np.asarray(s["new"], float)
+        wealth = drop_e_process(x, threshold, greater)
+        return [float(wealth[n - 1]) if n else 1.0 for n in s["looks"]]
+    return [rate_e_value(k, n, threshold, greater) for k, n in zip(*_sequences(entry, metric))]
+
+
+def anytime_p(entry: dict, metric: str, threshold: float, op: str) -> float:
+    """min(1, 1 / the largest e-value over the looks): valid at every look (Ville)."""
+    return min(1.0, 1.0 / max(anytime_e_values(entry, metric, threshold, op), default=1.0))
+
+
+def anytime_bounds(entry: dict, metric: str, alpha: float) -> tuple[float, float] | None:
+    """The confidence sequence of a rate at the last look: the θ that no look's mixture e-value has rejected, each
+    side at α ("> θ" is supported exactly when θ is below the lower end, "< θ" when above the upper end) — the
+    interval the sequential decision uses. None for `acc_drop` (its bets depend on the margin)."""
+    if metric == "acc_drop":
+        return None
+    lo, hi = 0.0, 1.0
+    for k, n in zip(*_sequences(entry, metric)):
+        if n == 0:
+            continue
+        for greater in (True, False):  # bisection on θ: the breach e-value falls as θ rises, the clear one rises
+            a, b = (0.0, k / n) if greater else (k / n, 1.0)
+            if (rate_e_value(k, n, a if greater else b, greater) < 1 / alpha):
+                continue  # even the far end is not rejected
+            for _ in range(50):
+                mid = (a + b) / 2
+                rejected = rate_e_value(k, n, mid, greater) >= 1 / alpha
+                a, b = (mid, b) if rejected == greater else (a, mid)
+            if greater:
+                lo = max(lo, a)
+            else:
+                hi = min(hi, b)
+    return lo, hi

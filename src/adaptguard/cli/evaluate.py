@@ -1,0 +1,98 @@
+"""`adaptguard evaluate`: a new model through lm-eval against a baseline run, only until the gate decides."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import DEFAULT_ALPHA, positive_int, significance
+
+EVALUATE_EXAMPLE = ("example: adaptguard evaluate runs/old --model hf --model-args pretrained=my-org/model-v2 "
+                    "--fail-on 'nfr>2%' --output-path runs/new")
+
+
+def load_lm(model: str, model_args: str, batch_size: int, device: str | None):
+    """The lm-eval model, loaded once; a model that fails to load is one line of bad input."""
+    from lm_eval.api.registry import get_model
+
+    from .lm_eval import _model_names
+
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return get_model(model).create_from_arg_string(_model_names(model_args),
+                                                       {"batch_size": batch_size, "device": device})
+    except Exception as err:  # lm-eval and transformers raise many kinds: name the model and say why, in one line
+        raise ValueError(f"--model {model} --model-args {model_args!r}: could not load the model "
+                         f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+
+
+def _evaluate(ns: argparse.Namespace) -> int:
+    import tempfile
+
+    from lm_eval.tasks import TaskManager
+
+    from ..compat.formats import read_runs
+    from ..compat.gate import describe, exit_status
+    from ..compat.harness import gathered_include_path
+    from ..compat.sequential import check_thresholds, evaluate_until_decided, load_record
+    from ..plugins import lm_eval_task_dirs
+
+    if ns.significance is None:
+        raise ValueError("--significance off: evaluate stops on its tests' decisions; give a level such as 0.05")
+    out = Path(ns.output_path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output-path {out}: is a file; give a folder")
+    if out.is_dir() and any(out.iterdir()) and load_record(out) is None:
+        raise ValueError(f"--output-path {out}: is a non-empty folder that is not an evaluate run; give a new one")
+    base = read_runs(ns.baseline)[0]  # bad baselines and tasks fail here, before the model loads
+    tasks = [t.strip() for t in ns.tasks.split(",")] if ns.tasks else None
+    missing = [t for t in tasks or [] if t not in base]
+    if missing:
+        raise ValueError(f"{ns.baseline}: no task {', '.join(missing)} in the baseline run (its tasks: "
+                         f"{', '.join(sorted(base))})")
+    for d in ns.include_path or []:
+        if not Path(d).is_dir():
+            raise ValueError(f"--include-path {d}: no such directory")
+    check_thresholds(ns.fail_on)
+    lm = load_lm(ns.model, ns.model_args, ns.batch_size, ns.device)
+    with tempfile.TemporaryDirectory(prefix="adaptguard-evaluate-tasks-") as tmp:
+        include = gathered_include_path([*map(Path, ns.include_path or []), *lm_eval_task_dirs()], Path(tmp))
+        gate = evaluate_until_decided(ns.baseline, out, lm, ns.fail_on, tasks=tasks, alpha=ns.significance,
+                                      chunk=ns.chunk, seed=ns.seed, task_manager=TaskManager(include_path=str(include)))
+    print(describe(gate))
+    print(f"run: {out} (lm-eval samples and {out / 'sequential.json'}; `adaptguard compare {ns.baseline} {out}` "
+          "takes the same decisions)")
+    return exit_status(gate)
+
+
+def add(sub) -> None:
+    from .compare import _threshold
+
+    ev = sub.add_parser(
+        "evaluate",
+        epilog=EVALUATE_EXAMPLE,
+        help="Evaluate a new model through lm-eval against a baseline run, only until every --fail-on threshold is "
+        "decided (anytime-valid tests: stop early on a clear breach or a clear pass).",
+    )
+    ev.add_argument("baseline", help="the old model's lm-eval --log_samples run (its tasks and documents are evaluated)")
+    ev.add_argument("--model", default="hf", help="lm-eval model type (default hf)")
+    ev.add_argument("--model-args", required=True, help="lm-eval model arguments, e.g. pretrained=my-org/model-v2 "
+                    "(built:smollm2 and embedded:<name> resolve to local models)")
+    ev.add_argument("--fail-on", action="append", required=True, type=_threshold, metavar="EXPR",
+                    help="a threshold as in compare, repeatable: nfr, pfr, btc, old_acc, new_acc, acc_drop per task, "
+                    "and overall:acc_drop>VALUE")
+    ev.add_argument("--output-path", required=True, help="folder for the new model's samples and the record of the "
+                    "order and the looks; an interrupted run resumes from it")
+    ev.add_argument("--tasks", metavar="TASK[,TASK...]", help="evaluate only these tasks of the baseline")
+    ev.add_argument("--chunk", type=positive_int, default=50, help="items per task between two looks (default 50)")
+    ev.add_argument("--seed", type=int, default=0, help="the seed of each task's item order (default 0)")
+    ev.add_argument("--significance", type=significance, default=DEFAULT_ALPHA, metavar="ALPHA",
+                    help="α of every anytime-valid test (default 0.05)")
+    ev.add_argument("--batch-size", default=1, help="lm-eval batch size (default 1)")
+    ev.add_argument("--device", default=None, help="lm-eval device, e.g. cuda:0 (default: cuda where there is one, "
+                    "else cpu)")
+    ev.add_argument("--include-path", action="append", help="your own task folders, as lm_eval's --include_path")
+    ev.set_defaults(func=_evaluate)

@@ -1,0 +1,160 @@
+"""`adaptguard evaluate` (issue 75): a new model through lm-eval against a baseline run, only until the gate decides
+— a stop on breach, a stop on clear, exhaustion undecided, resume after a kill, bad input — and `compare` on its
+output takes the same decisions. The baseline is a real lm-eval run of the embedded model whose correctness is then
+set by hand (all right, or all wrong), so every decision below is far from any float a CPU can move."""
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adaptguard.cli.main import main
+
+pytestmark = pytest.mark.slow
+N = 160
+WORDS = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree", "car", "book", "fish", "bird"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, embedded_path):
+    """A 160-item multiple-choice task, the embedded model's lm-eval run of it, and two baselines made from that
+    run: the old model right on every item (`right`) and wrong on every item (`wrong`)."""
+    root = tmp_path_factory.mktemp("evaluate")
+    tasks = root / "tasks"
+    tasks.mkdir()
+    rng = random.Random(0)
+    rows = [{"q": f"item {i}: pick", "choices": rng.sample(WORDS, 4), "label": i % 4} for i in range(N)]
+    (tasks / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "t_mc.yaml").write_text(f"""task: t_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {tasks / 'mc.jsonl'}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "{{{{q}}}}"
+doc_to_target: label
+doc_to_choice: "{{{{choices}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+""")
+    proc = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+                           f"pretrained={embedded_path}", "--tasks", "t_mc", "--include_path", str(tasks), "--device",
+                           "cpu", "--batch_size", "32", "--log_samples", "--output_path", str(root / "run")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (samples,) = (root / "run").rglob("samples_t_mc_*.jsonl")
+    (results,) = (root / "run").rglob("results_*.json")
+    for name, acc in (("right", 1.0), ("wrong", 0.0)):
+        folder = root / name
+        folder.mkdir()
+        lines = [json.loads(x) for x in samples.read_text().splitlines()]
+        (folder / samples.name).write_text("".join(json.dumps({**x, "acc": acc}) + "\n" for x in lines))
+        (folder / results.name).write_text(results.read_text())
+    return root
+
+
+def evaluate(runs, embedded_path, out, baseline, *exprs, extra=()):
+    args = ["evaluate", str(runs / baseline), "--model-args", f"pretrained={embedded_path}", "--output-path", str(out),
+            "--include-path", str(runs / "tasks"), "--chunk", "40", "--batch-size", "16", "--device", "cpu", *extra]
+    for expr in exprs:
+        args += ["--fail-on", expr]
+    return main(args)
+
+
+def record(out):
+    return json.loads((Path(out) / "sequential.json").read_text())["tasks"]["t_mc"]
+
+
+def compare_decisions(capsys, baseline, out, *exprs):
+    report = Path(out).parent / f"{Path(out).name}.json"
+    main(["compare", str(baseline), str(out), *[x for e in exprs for x in ("--fail-on", e)], "--json", str(report)])
+    capsys.readouterr()
+    return {d["expr"]: d["decision"] for d in json.loads(report.read_text())["gate"]["decisions"]}
+
+
+def test_a_breach_stops_at_the_first_look_and_compare_agrees(runs, embedded_path, tmp_path, capsys):
+    """The old model right everywhere, the embedded model near chance: `nfr>5%` is a breach after 40 items."""
+    code = evaluate(runs, embedded_path, tmp_path / "out", "right", "nfr>5%")
+    printed = capsys.readouterr().out
+    t = record(tmp_path / "out")
+    assert code == 1 and t["status"] == "decided" and t["done"] == 40 and t["looks"] == [40]
+    assert t["decisions"] == {"nfr>5%": "breach"} and "t_mc: 40/160 items (decided); nfr" in printed
+    (samples,) = (tmp_path / "out").glob("samples_t_mc_*.jsonl")
+    docs = [json.loads(x)["doc_id"] for x in samples.read_text().splitlines()]
+    assert sorted(docs) == sorted(t["order"][:40])  # an lm-eval run of the documents evaluated, in its format
+    assert compare_decisions(capsys, runs / "right", tmp_path / "out", "nfr>5%") == t["decisions"]
+
+
+def test_a_clear_stops_early_too(runs, embedded_path, tmp_path, capsys):
+    """The old model right everywhere, the new one near chance (right on about a quarter): `nfr>98%` is shown clear
+    after 40 items; with the old model wrong everywhere (its flips then churn), `acc_drop>50%` is clear as soon."""
+    code = evaluate(runs, embedded_path, tmp_path / "out", "right", "nfr>98%")
+    t = record(tmp_path / "out")
+    assert code == 0 and t["done"] == 40 and t["decisions"] == {"nfr>98%": "clear"}
+    assert compare_decisions(capsys, runs / "right", tmp_path / "out", "nfr>98%") == t["decisions"]
+    code = evaluate(runs, embedded_path, tmp_path / "out2", "wrong", "acc_drop>50%")
+    t = record(tmp_path / "out2")
+    assert code == 0 and t["done"] == 40 and t["decisions"] == {"acc_drop>50%": "clear"}
+    assert compare_decisions(capsys, runs / "wrong", tmp_path / "out2", "acc_drop>50%") == t["decisions"]
+
+
+def test_exhausted_items_leave_the_threshold_undecided(runs, embedded_path, tmp_path, capsys):
+    """No positive flip can happen when the old model is right everywhere, yet 160 items cannot show `pfr < 0.5 %`:
+    every item is evaluated and the run exits 3."""
+    code = evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%")
+    t = record(tmp_path / "out")
+    assert code == 3 and t["status"] == "exhausted" and t["done"] == N and t["looks"] == [40, 80, 120, 160]
+    assert t["decisions"] == {"pfr>0.5%": "undecided"}
+
+
+def test_a_killed_run_resumes_where_it_stopped(runs, embedded_path, tmp_path, capsys, monkeypatch):
+    import lm_eval
+
+    real, calls = lm_eval.simple_evaluate, []
+
+    def killed_on_the_third(*args, **kwargs):
+        calls.append(kwargs["samples"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", killed_on_the_third)
+    assert evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%") == 130
+    assert record(tmp_path / "out")["done"] == 80
+    monkeypatch.setattr(lm_eval, "simple_evaluate", real)
+    assert evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%") == 3
+    t = record(tmp_path / "out")
+    (samples,) = (tmp_path / "out").glob("samples_t_mc_*.jsonl")
+    docs = [json.loads(x)["doc_id"] for x in samples.read_text().splitlines()]
+    assert len(docs) == len(set(docs)) == N and t["done"] == N  # nothing evaluated twice, nothing skipped
+    assert [sorted(c["t_mc"]) for c in calls[:2]] == [sorted(t["order"][:40]), sorted(t["order"][40:80])]
+    # the same settings resume; others are refused, naming the folder
+    assert evaluate(runs, embedded_path, tmp_path / "out", "right", "nfr>5%") == 2
+    assert "holds an evaluate run with other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case, message", [
+    ("task", "no task nope in the baseline run (its tasks: t_mc)"),
+    ("model", "could not load the model"),
+    ("metric", "evaluate decides nfr, pfr, btc, old_acc, new_acc and acc_drop"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(runs, embedded_path, tmp_path, capsys, case, message):
+    out = tmp_path / "out"
+    if case == "task":
+        code = evaluate(runs, embedded_path, out, "right", "nfr>5%", extra=("--tasks", "nope"))
+    elif case == "model":
+        code = main(["evaluate", str(runs / "right"), "--model-args", f"pretrained={tmp_path / 'missing'}",
+                     "--output-path", str(out), "--fail-on", "nfr>5%", "--device", "cpu"])
+    else:
+        code = evaluate(runs, embedded_path, out, "right", "smooth_nfr>5%")
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
