@@ -411,7 +411,7 @@ def rate_e_value(k: int, n: int, rate: float, greater: bool) -> float:
     return math.exp(min(log_e, 700.0))
 
 
-def drop_e_process(x, margin: float, greater: bool, cap: float = 0.5) -> "np.ndarray":
+def drop_e_process(x, margin: float, greater: bool, cap: float = 0.5):
     """The betting e-process (Waudby-Smith & Ramdas 2024) of H0 "E[x] ≤ `margin`" (`greater`) or "≥" for paired
     accuracy changes x_i ∈ {−1, 0, 1} (1: right → wrong) in the order evaluated: wealth Π (1 ± λ_i (x_i − margin))
     with a predictable bet λ_i ≥ 0 (aGRAPA: the running mean's excess over the variance, from the items before i,
