@@ -390,9 +390,11 @@ SEQUENTIAL_METRICS = ("nfr", "pfr", "btc", "old_acc", "new_acc", "acc_drop")
 
 def rate_e_value(k: int, n: int, rate: float, greater: bool) -> float:
     """The beta-binomial mixture e-value of H0 "p ≤ `rate`" (`greater`) or "p ≥ `rate`" after k successes in n
-    Bernoulli trials (Robbins' mixture martingale): ∫ L(p) π(dp) / L(rate), π uniform on the alternative ((rate, 1]
-    or [0, rate)). For every p in H0 each factor's ratio has mean ≤ 1, so it is an e-process at every n; it depends
-    on (k, n) only, not on the order."""
+    Bernoulli trials (Robbins' mixture martingale): ∫ L(p) π(dp) / L(rate), with π a Beta(1, b0) prior,
+    b0 = max(1, (1 − rate)/rate) (mean ≈ rate for small rates, so its mass sits at the threshold's scale instead of
+    spreading to 1; uniform from rates of ½ up), restricted to the alternative ((rate, 1] or [0, rate)). For every p
+    in H0 each factor's ratio has mean ≤ 1, so it is an e-process at every n; it depends on (k, n) only, not on the
+    order."""
     from scipy.special import betaln
     from scipy.stats import beta
 
@@ -404,41 +406,37 @@ def rate_e_value(k: int, n: int, rate: float, greater: bool) -> float:
         return math.inf if k > 0 else 1.0
     if not greater and rate >= 1:
         return math.inf if k < n else 1.0
-    a, b = k + 1, n - k + 1
-    tail = beta.logsf(rate, a, b) if greater else beta.logcdf(rate, a, b)
-    width = 1 - rate if greater else rate
-    log_e = betaln(a, b) + tail - math.log(width) - k * math.log(rate) - (n - k) * math.log1p(-rate)
+    b0 = max(1.0, (1 - rate) / rate)  # the prior Beta(1, b0): mean ≈ rate for small rates, uniform from ½ up
+    a, b = k + 1, n - k + b0
+    if greater:
+        tail, prior = beta.logsf(rate, a, b), beta.logsf(rate, 1, b0)
+    else:
+        tail, prior = beta.logcdf(rate, a, b), beta.logcdf(rate, 1, b0)
+    log_e = betaln(a, b) + tail - betaln(1, b0) - prior - k * math.log(rate) - (n - k) * math.log1p(-rate)
     return math.exp(min(log_e, 700.0))
 
 
-def drop_e_process(x, margin: float, greater: bool, cap: float = 0.5):
+def drop_e_process(x, margin: float, greater: bool, bets: int = 24):
     """The betting e-process (Waudby-Smith & Ramdas 2024) of H0 "E[x] ≤ `margin`" (`greater`) or "≥" for paired
-    accuracy changes x_i ∈ {−1, 0, 1} (1: right → wrong) in the order evaluated: wealth Π (1 ± λ_i (x_i − margin))
-    with a predictable bet λ_i ≥ 0 (aGRAPA: the running mean's excess over the variance, from the items before i,
-    capped at `cap` of the largest safe bet), so every factor is ≥ 1 − cap > 0 and has mean ≤ 1 under H0.
+    accuracy changes x_i ∈ {−1, 0, 1} (1: right → wrong) in the order evaluated: the average, over a fixed grid of
+    `bets` constant bets λ (geometric, up to 90 % of the bet that could empty the wealth), of the wealths
+    Π_i (1 ± λ (x_i − margin)) — each a nonnegative martingale of mean ≤ 1 under H0, so their average is too (a
+    mixture of bets: within a log factor of the best constant bet in hindsight, with no tuning on the data).
     Returns the wealth after each item, (n,)."""
     import numpy as np
 
     x = np.asarray(x, dtype=float)
     if margin >= 1 or margin <= -1:  # "drop > 1" never holds, "drop < 1" holds unless every item broke (and back)
-        impossible = greater == (margin >= 1)
-        if impossible:
+        if greater == (margin >= 1):
             return np.ones(len(x))
         refuted = np.cumsum(x != (1.0 if margin >= 1 else -1.0)) > 0
         return np.where(refuted, np.inf, 1.0)
     sign = 1.0 if greater else -1.0
     reach = 1 / (1 + margin) if greater else 1 / (1 - margin)  # the bet that could empty the wealth
-    wealth, out = 1.0, np.empty(len(x))
-    total = sq = 0.0
-    for i, v in enumerate(x):
-        mean = total / (i + 1)  # a pseudo-observation at 0: the first bets are small
-        var = (sq + 0.25) / (i + 1) - mean * mean
-        edge = sign * (mean - margin)
-        bet = min(max(edge / (max(var, 1e-4) + edge * edge), 0.0), cap * reach)
-        wealth *= 1 + bet * sign * (v - margin)
-        out[i] = wealth
-        total, sq = total + v, sq + v * v
-    return out
+    lam = np.geomspace(1e-3, 0.9, bets) * reach
+    log_wealth = np.cumsum(np.log1p(np.outer(sign * (x - margin), lam)), axis=0)  # (n, bets)
+    top = log_wealth.max(1, keepdims=True)
+    return np.exp(np.minimum(top[:, 0] + np.log(np.exp(log_wealth - top).mean(1)), 700.0))
 
 
 def _sequences(entry: dict, metric: str) -> tuple[list[int], list[int]]:
