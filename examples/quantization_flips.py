@@ -31,6 +31,7 @@ import contextlib
 import re
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -496,6 +497,11 @@ def write_schemes_report(records: Path, order: list[str], out: Path, args: Args,
               "not_run": [s for s in order if s not in metas], "schemes": {},
               "complete": all(s in metas for s in order),  # the decisions are final only over every scheme
               "machine": metas["fp32"]["machine"], "versions": metas["fp32"]["versions"]}
+    fp32 = metas["fp32"]
+    report["reference"] = {k: fp32.get(k) for k in ("weight_bytes", "tokens_per_second", "eval_seconds",
+                                                    "batch_size", "threads")}
+    if FLOOR in metas:
+        report["reference"]["floor_setting"] = [metas[FLOOR]["batch_size"], metas[FLOOR]["threads"]]
     vectors, kl_texts = {}, {}
     for scheme in ran:
         meta, scores = metas[scheme], item_scores(records / scheme)
@@ -520,17 +526,36 @@ def write_schemes_report(records: Path, order: list[str], out: Path, args: Args,
     floor_nfr = report["schemes"][FLOOR]["pooled"]["nfr"] if FLOOR in ran else 0.0
     rng = np.random.default_rng(0)
     boot_items = rng.integers(0, len(old), size=(10_000, len(old)))
-    # H1: per scheme, NFR − |Δacc| with a percentile bootstrap over items
-    h1 = {}
+    # H1: per scheme, NFR − |Δacc| with a percentile bootstrap over items, in counts (amendment 3): per resample
+    # n·(NFR − |Δacc|) = min(pos, 2·neg − pos), an integer, and the percentile's interpolation in rationals
+    h1, floor_neg = {}, int(np.sum(old * (1 - vectors[FLOOR]))) if FLOOR in ran else 0
     for s in schemes:
-        new = vectors[s]
-        stats = [hidden_flips(old[i], new[i]) for i in boot_items]
-        lo, hi = np.percentile(stats, [2.5, 97.5])
-        h1[s] = {"statistic": hidden_flips(old, new), "ci": [float(lo), float(hi)], "supported": bool(lo > 0),
-                 "above_floor": report["schemes"][s]["pooled"]["nfr"] > floor_nfr}
+        neg_i, pos_i = (old * (1 - vectors[s])).astype(np.int64), ((1 - old) * vectors[s]).astype(np.int64)
+        neg, pos = neg_i[boot_items].sum(1), pos_i[boot_items].sum(1)
+        counts = np.sort(np.minimum(pos, 2 * neg - pos))
+        lo, hi = (exact_percentile(counts, q) for q in (Fraction(25, 1000), Fraction(975, 1000)))
+        n_neg, n_pos = int(neg_i.sum()), int(pos_i.sum())
+        h1[s] = {"statistic": hidden_flips(old, vectors[s]), "ci": [float(lo / len(old)), float(hi / len(old))],
+                 "right_to_wrong": n_neg, "wrong_to_right": n_pos, "statistic_count": min(n_pos, 2 * n_neg - n_pos),
+                 "ci_counts": [str(lo), str(hi)], "supported": lo > 0,
+                 # no wrong → right item: the statistic is 0 in every resample, H1 can never be supported
+                 "zero_by_construction": n_pos == 0, "above_floor": n_neg > floor_neg}
     judged = [s for s in schemes if h1[s]["above_floor"]]
-    report["H1"] = {"per_scheme": h1, "floor_pooled_nfr": floor_nfr,
+    report["H1"] = {"per_scheme": h1, "floor_pooled_nfr": floor_nfr, "floor_right_to_wrong": floor_neg,
                     "holds": bool(judged) and all(h1[s]["supported"] for s in judged)}
+    # "fewer" as a ratio: torch's dynamic int8 against each 8-bit weight-only scheme, right → wrong counts, with the
+    # percentile interval over the same resampled items (a resample where the other broke nothing: infinite)
+    report["ratios"] = {}
+    for other in ("int8_wo", "quanto_int8"):
+        if "int8_dynamic" in schemes and other in schemes:
+            a_i, b_i = (old * (1 - vectors["int8_dynamic"])), (old * (1 - vectors[other]))
+            a, b = a_i[boot_items].sum(1), b_i[boot_items].sum(1)
+            with np.errstate(divide="ignore"):
+                ratio = np.where(b > 0, a / np.maximum(b, 1), np.inf)
+            lo, hi = np.percentile(ratio, [2.5, 97.5])
+            report["ratios"][f"int8_dynamic/{other}"] = {"counts": [int(a_i.sum()), int(b_i.sum())],
+                                                        "ratio": float(a_i.sum() / b_i.sum()),
+                                                        "ci": [float(lo), float(hi)]}
     # H2: Spearman's rho of mean KL against pooled NFR, bootstrap over items and texts jointly
     with_kl = [s for s in schemes if s in kl_texts]
     if len(with_kl) >= 3:
@@ -544,9 +569,16 @@ def write_schemes_report(records: Path, order: list[str], out: Path, args: Args,
             nfr_b = [np.mean(old[i] * (1 - vectors[s][i])) for s in with_kl]
             rhos.append(spearmanr(sums[:, j].sum(1) / tokens[j].sum(), nfr_b).statistic)
         lo, hi = np.nanpercentile(rhos, [2.5, 97.5])  # a resample where every NFR ties has no rho: counted, left out
+        kls, negs = sums.sum(1) / tokens.sum(), [int(np.sum(old * (1 - vectors[s]))) for s in with_kl]
+        reversed_pairs = [[a, b] for i, a in enumerate(with_kl) for j, b in enumerate(with_kl)
+                          if i < j and (kls[i] - kls[j]) * (negs[i] - negs[j]) < 0]
         report["H2"] = {"schemes": with_kl, "rho": rho, "ci": [float(lo), float(hi)],
                         "resamples_without_rho": int(np.isnan(rhos).sum()),
-                        "supported": bool(rho >= 0.7 and lo > 0)}
+                        "supported": bool(rho >= 0.7 and lo > 0),
+                        # pairs whose KL order is not their NFR order, of all the pairs
+                        "reversed_pairs": reversed_pairs, "pairs": len(with_kl) * (len(with_kl) - 1) // 2}
+        cut = [int(t) for t in tokens]
+        report["kl_texts"] = {"n": len(cut), "max_length": 512, "at_max_length": sum(t >= 512 for t in cut)}
     else:
         report["H2"] = {"schemes": with_kl, "rho": None, "supported": None,
                         "reason": f"{len(with_kl)} schemes with KL; Spearman's rho needs 3 or more"}
@@ -562,54 +594,139 @@ def write_schemes_report(records: Path, order: list[str], out: Path, args: Args,
             tests[other] = {"best_only": b, "other_only": c,
                             "p": binomtest(b, b + c, 0.5, alternative="less").pvalue if b + c else 1.0}
         rejected, _ = benjamini_hochberg([t["p"] for t in tests.values()], 0.05)
+        # registered: BH over 3 pairs; the pairs of a scheme that did not run count as p = 1 in this check
+        registered_pairs = len(LOW_BIT) - 1
+        padded, _ = benjamini_hochberg([t["p"] for t in tests.values()] + [1.0] * (registered_pairs - len(tests)),
+                                       0.05)
         report["H3"] = {"candidates": low, "lowest": best, "tests": tests,
-                        "best": best if all(rejected) else None}
+                        "best": best if all(rejected) else None, "pairs_tested": len(tests),
+                        "pairs_registered": registered_pairs,
+                        "best_with_missing_pairs_at_p1": best if all(padded) else None}
     else:
         report["H3"] = {"candidates": low, "best": None, "reason": "fewer than two low-bit schemes ran"}
+    if FLOOR in ran:  # the registered floor's answers, and how far its log-likelihoods moved (all seven tasks)
+        report["floor_loglikelihoods"] = loglikelihood_drift(records / "fp32", records / FLOOR)
+    report["floors"] = scheme_floors(records, list(reruns), kept, ref, ran) if reruns else None
     report["command"] = command_line("examples/quantization_flips.py", args) + ("" if args.report else " --report")
     out.mkdir(parents=True, exist_ok=True)
     write_report(out, report, schemes_markdown(report))
     return report
 
 
+def exact_percentile(sorted_counts: np.ndarray, q: Fraction) -> Fraction:
+    """numpy's default (linear) percentile of sorted integers, in rationals: its sign is exact."""
+    h = q * (len(sorted_counts) - 1)
+    k = int(h)
+    lo = Fraction(int(sorted_counts[k]))
+    return lo if k + 1 >= len(sorted_counts) else lo + (h - k) * (int(sorted_counts[k + 1]) - lo)
+
+
+def changed_answers(a: np.ndarray, b: np.ndarray) -> dict:
+    """Two runs' 0/1 scores on the same items: right → wrong, wrong → right, their sum, and an exact (Clopper–Pearson)
+    95 % interval over items on the changed share (one pair of runs: items only)."""
+    from scipy.stats import binomtest
+
+    neg, pos = int(np.sum(a * (1 - b))), int(np.sum((1 - a) * b))
+    ci = binomtest(neg + pos, len(a)).proportion_ci(0.95, method="exact")
+    return {"n": len(a), "right_to_wrong": neg, "wrong_to_right": pos, "changed": neg + pos,
+            "changed_ci": [float(ci.low), float(ci.high)]}
+
+
+def loglikelihood_drift(a: Path, b: Path, tasks: list[str] | None = None) -> dict:
+    """How far two runs' multiple-choice log-likelihoods (lm-eval's `filtered_resps`, kept in the records) moved on
+    the items both have: requests compared, how many differ, the largest difference, and the smallest gap between
+    the two likeliest choices in run `a` (an answer can change only where a difference reaches that gap)."""
+    import json
+
+    def lls(folder: Path) -> dict:
+        rows = {}
+        for file in sorted(folder.glob("samples_*.jsonl")):
+            task = file.name.removeprefix("samples_").rsplit("_", 1)[0]
+            if tasks is not None and task not in tasks:
+                continue
+            for line in file.read_text().splitlines():
+                r = json.loads(line)
+                if "acc" in r:
+                    rows[task, r["doc_id"]] = [float(x[0]) for x in r["filtered_resps"]]
+        return rows
+
+    x, y = lls(a), lls(b)
+    common = sorted(set(x) & set(y))
+    diffs = np.concatenate([np.abs(np.subtract(x[k], y[k])) for k in common]) if common else np.zeros(0)
+    margins = [np.diff(sorted(x[k])[-2:])[0] for k in common if len(x[k]) > 1]
+    return {"requests": int(diffs.size), "differing": int(np.sum(diffs > 0)),
+            "max_abs_diff": float(diffs.max()) if diffs.size else 0.0,
+            "min_top_two_margin": float(min(margins)) if margins else None}
+
+
+def excess_nfr(sides: tuple, tasks: list[str], vectors) -> dict:
+    """`compare`'s replicate mode on (fp32 here, the scheme here, its floor) over `tasks`, at 95 %."""
+    from adaptguard.compat.replicates import replicate_flips
+
+    fp32, here, floor = sides
+    rf = replicate_flips(vectors(fp32, tasks)[None], np.stack([vectors(here, tasks), vectors(floor, tasks)]),
+                         level=0.95)
+    return {k: rf[k] for k in ("n", "runs", "nfr", "pfr", "noise_floor", "excess_nfr", "se", "df", "ci", "p_value")}
+
+
+def scheme_floors(records: Path, reruns: list[str], kept: list[str], ref: dict, ran: list[str]) -> dict:
+    """E6 amendment 3, from the rerun records: per scheme its own floor (the recorded setting against batch 5 on one
+    thread, on one machine), the excess NFR over fp32 beyond it as `compare`'s replicate mode computes it
+    (`replicate_flips(old=[fp32 here], new=[scheme here, its floor])` at 95 %: items and runs), and what the CPU
+    alone changed (the recorded run against the same setting here); per kept task and pooled over them."""
+    import json
+
+    have = {r for r in reruns if (records / r / "meta.json").exists()}
+    scores = {r: item_scores(records / r) for r in have}
+    metas = {r: json.loads((records / r / "meta.json").read_text()) for r in have}
+    tags = sorted({parse_run(r)[1] for r in reruns})
+    out = {"runs": {r: {k: metas[r].get(k) for k in ("batch_size", "threads", "tasks", "eval_seconds",
+                                                   "loadavg_start", "loadavg_end")} | {"machine": metas[r]["machine"]}
+                    for r in reruns if r in have},
+           "not_run": [r for r in reruns if r not in have and parse_run(r)[0] in ("fp32", *ran)],
+           "schemes": {}}
+
+    def vectors(run_scores: dict, tasks: list[str]) -> np.ndarray:
+        return np.array([run_scores[t][d] for t in tasks for d in sorted(ref[t])])
+
+    for base in ["fp32", *(s for s in RERUN_ORDER if s in ran)]:
+        for tag in tags:
+            here, floor, fp32_here = f"{base}_{tag}", f"{base}_{tag}_floor", f"fp32_{tag}"
+            recorded = ref if base == "fp32" else item_scores(records / base)
+            row = {"here": here, "floor": floor}
+            tasks = [t for t in kept if here in have and t in scores[here]]
+            if tasks:  # a rerun on none of the kept tasks says nothing here
+                row["tasks"] = tasks
+                row["cpu_alone"] = {"pooled": changed_answers(vectors(recorded, tasks), vectors(scores[here], tasks)),
+                                    "loglikelihoods": loglikelihood_drift(records / base, records / here, tasks),
+                                    "per_task": {t: changed_answers(vectors(recorded, [t]), vectors(scores[here], [t]))
+                                                 for t in tasks}}
+            tasks = [t for t in tasks if floor in have and t in scores[floor]]
+            if tasks:
+                row["own_floor"] = {"pooled": changed_answers(vectors(scores[here], tasks),
+                                                              vectors(scores[floor], tasks)),
+                                    "loglikelihoods": loglikelihood_drift(records / here, records / floor, tasks),
+                                    "per_task": {t: changed_answers(vectors(scores[here], [t]),
+                                                                    vectors(scores[floor], [t])) for t in tasks}}
+                if base != "fp32" and fp32_here in have:
+                    sides = (scores[fp32_here], scores[here], scores[floor])
+                    row["excess"] = {"pooled": excess_nfr(sides, tasks, vectors),
+                                     "per_task": {t: excess_nfr(sides, [t], vectors) for t in tasks}}
+                    lo = row["excess"]["pooled"]["ci"][0]
+                    row["beyond_own_floor"] = bool(lo > 0)
+            row["flips_by_batch_alone"] = row["own_floor"]["pooled"]["changed"] > 0 if "own_floor" in row else None
+            out["schemes"][base if len(tags) == 1 else f"{base}_{tag}"] = row
+    return out
+
+
 def schemes_markdown(report: dict) -> str:
-    pct = lambda x: "–" if x is None else f"{100 * x:.1f}"  # noqa: E731
-    lines = [f"# E6: flips from quantization, {report['model']} (fp32 reference)", "",
-             f"Kept tasks: {', '.join(report['kept_tasks'])}; churn (fp32 not above chance, reported apart): "
-             f"{', '.join(report['churn_tasks']) or 'none'}. Pooled over the kept tasks' items; % of items.", "",
-             "| scheme | weights MB | fp32 acc | acc | Δacc | NFR | PFR | NFR − abs(Δacc) (95% CI) | mean KL | "
-             "across tasks | tokens/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for s, row in report["schemes"].items():
-        p, h = row["pooled"], report["H1"]["per_scheme"].get(s)
-        across = next(iter((row["across_tasks"] or {}).values()), {})
-        verdict = {True: "regression", False: "none shown"}.get(across.get("regression"), "–")
-        hidden = "–" if h is None else f"{pct(h['statistic'])} ({pct(h['ci'][0])} to {pct(h['ci'][1])})"
-        kl = "–" if row["kl_mean"] is None else f"{row['kl_mean']:.4f}"
-        speed = "–" if row["tokens_per_second"] is None else f"{row['tokens_per_second']:.0f}"
-        lines.append(f"| {s} | {row['weight_bytes'] / 1e6:.0f} | {pct(p['old_acc'])} | {pct(p['new_acc'])} | "
-                     f"{pct(p['new_acc'] - p['old_acc'])} | {pct(p['nfr'])} | {pct(p['pfr'])} | {hidden} | {kl} | "
-                     f"{verdict} | {speed} |")
-    for s, error in report["not_runnable"].items():
-        # the root cause is the last line of the error chain; the whole chain is in report.json
-        lines.append(f"| {s} | not runnable here: {error.split('; ')[-1][:160]} |||||||||| ")
-    if report["not_run"]:
-        lines += ["", f"Not run yet: {', '.join(report['not_run'])}."]
-    h1, h2, h3 = report["H1"], report["H2"], report["H3"]
-    if not report["complete"]:
-        lines += ["", f"**Provisional**: {len(report['not_run'])} of the registered runs have not run yet; the "
-                      "decisions below are over the schemes that have, and are not E6's."]
-    lines += ["", f"**H1** (flips hidden by accuracy): {'holds' if h1['holds'] else 'does not hold'} "
-                  f"(the floor's pooled NFR {pct(h1['floor_pooled_nfr'])} %; schemes at or below it judged apart).",
-              "**H2** (KL tracks flips): " + (h2.get("reason") or
-                                              f"ρ = {h2['rho']:.2f} (95 % CI {h2['ci'][0]:.2f} to {h2['ci'][1]:.2f}) "
-                                              f"over {len(h2['schemes'])} schemes: "
-                                              f"{'supported' if h2['supported'] else 'not supported'} (weak evidence "
-                                              "with this few schemes)."),
-              "**H3** (best at ≤ 4.5 bits): " + (h3.get("reason") or
-                                                  (f"{h3['best']}" if h3["best"] else
-                                                   f"no single best (lowest NFR: {h3['lowest']})")), "",
-              f"Reproduce: `{report['command']}`.", ""]
-    return "\n".join(lines)
+    """report.md, as examples/e6_text.py renders every E6 text from the report."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("e6_text", Path(__file__).with_name("e6_text.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.report_markdown(report)
 
 
 if __name__ == "__main__":

@@ -96,21 +96,80 @@ def e6():
     return json.loads((RESULTS / "e6" / "report.json").read_text())
 
 
-def test_quantization_rows_say_what_e6_decided(e6):
-    """E6's two rows: H1's verdict and how many schemes support it; every NFR quoted is the report's pooled NFR
-    (every runnable scheme quoted); H3's and H2's verdict words as decided."""
+@pytest.fixture(scope="module")
+def e6_text():
+    """examples/e6_text.py: E6's texts rendered from its report (pure Python: no torch import)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("e6_text", ROOT / "examples" / "e6_text.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def e6_documents() -> dict[str, str]:
+    return {"readme": ROOT.joinpath("README.md").read_text(), "results": ROOT.joinpath("docs", "results.md").read_text(),
+            "report_md": (RESULTS / "e6" / "report.md").read_text()}
+
+
+def test_every_e6_sentence_is_the_reports(e6, e6_text):
+    """README's two E6 rows and its caption sentence, docs/results.md § 11 and e6/report.md are exactly what
+    report.json renders to: every number and verdict word in them is read from the report."""
     assert e6["complete"] and not e6["not_run"]
-    runnable = [s for s in e6["schemes"] if s != "fp32_floor"]
-    hidden = e6["H1"]["per_scheme"]
-    text = row("accuracy hides")
-    assert verdicts(text) == ["H1 holds" if e6["H1"]["holds"] else "H1 does not hold"]
-    assert f"for {sum(h['supported'] for h in hidden.values())} of {len(runnable)} schemes" in text
-    fewest = row("fewest answers")
-    quoted = dict(re.findall(r"\b(" + "|".join(runnable) + r") (\d+\.\d) %", fewest))
-    assert sorted(quoted) == sorted(runnable)
-    for scheme, value in quoted.items():
-        assert value == f"{100 * e6['schemes'][scheme]['pooled']['nfr']:.1f}", scheme
-    h3 = "no single best" if e6["H3"]["best"] is None else f"{e6['H3']['best']} best"
-    assert verdicts(fewest) == [h3, "supported" if e6["H2"]["supported"] else "not supported"]
-    assert f"ρ {e6['H2']['rho']:.2f}" in fewest and f"({len(e6['H2']['schemes'])} schemes)" in fewest
-    assert f"over {e6['schemes']['nf4']['pooled']['n']:,} items" in fewest
+    assert e6_text.mismatches(e6, **e6_documents()) == []
+
+
+def test_an_edited_e6_number_or_verdict_fails(e6, e6_text):
+    """The check above fails on any one edited number (each digit run in every E6 text, bumped by one) and on each
+    verdict word turned."""
+    docs = e6_documents()
+    spans = {"results": e6_text.section_span(docs["results"]), "report_md": (0, len(docs["report_md"]))}
+    readme = docs["readme"]
+    caption = e6_text.readme_caption_span(readme)
+    cells = [readme.index(f"| {claim} | ") + len(f"| {claim} | ") for claim in e6_text.readme_rows(e6)]
+    rows = [(start, readme.index(" | ", start)) for start in cells]  # each row's what-we-found cell
+    edits = 0
+    for name, ranges in (("results", [spans["results"]]), ("report_md", [spans["report_md"]]),
+                         ("readme", [caption, *rows])):
+        text = docs[name]
+        for start, end in ranges:
+            for m in re.finditer(r"\d+", text[start:end]):
+                at = start + m.start()
+                edited = text[:at] + str((int(text[at]) + 1) % 10) + text[at + 1:]
+                assert e6_text.mismatches(e6, **{**docs, name: edited}), (name, text[at - 30:at + 30])
+                edits += 1
+    assert edits > 300
+    turned = (("readme", "H1 does not hold", "H1 holds"), ("readme", "no single best", "quanto_int4 best"),
+              ("results", "flips): supported", "flips): not supported"),
+              ("results", "accuracy): does not hold", "accuracy): holds"), ("report_md", "no single best", "quanto_int4"))
+    for name, word, other in turned:
+        assert word in docs[name], word
+        assert e6_text.mismatches(e6, **{**docs, name: docs[name].replace(word, other, 1)}), word
+
+
+def test_e6_verdicts_follow_from_the_counts(e6):
+    """H1 per scheme decided on integer counts (amendment 3): the statistic is min(PFR, 2·NFR − PFR) in items, the
+    interval's ends are exact rationals and "supported" is the lower end above 0; a scheme without a wrong → right
+    item is 0 in every resample. The floors' verdicts: a count above 0, an interval's lower end above 0."""
+    from fractions import Fraction
+
+    h1 = e6["H1"]["per_scheme"]
+    n = e6["schemes"]["nf4"]["pooled"]["n"]
+    for s, h in h1.items():
+        neg, pos = h["right_to_wrong"], h["wrong_to_right"]
+        assert neg == round(e6["schemes"][s]["pooled"]["nfr"] * n) and pos == round(e6["schemes"][s]["pooled"]["pfr"] * n)
+        assert h["statistic_count"] == min(pos, 2 * neg - pos) == round(h["statistic"] * n)
+        lo, hi = (Fraction(x) for x in h["ci_counts"])
+        assert h["supported"] == (lo > 0) and lo <= h["statistic_count"] <= hi
+        assert h["zero_by_construction"] == (pos == 0)
+        if pos == 0:
+            assert lo == hi == 0 and not h["supported"]
+    judged = [s for s in h1 if h1[s]["above_floor"]]
+    assert e6["H1"]["holds"] == (bool(judged) and all(h1[s]["supported"] for s in judged))
+    assert e6["H3"]["pairs_tested"] == len(e6["H3"]["tests"]) and e6["H3"]["pairs_registered"] == 3
+    for row in (e6.get("floors") or {}).get("schemes", {}).values():
+        if "own_floor" in row:
+            o = row["own_floor"]["pooled"]
+            assert row["flips_by_batch_alone"] == (o["changed"] > 0) == (o["right_to_wrong"] + o["wrong_to_right"] > 0)
+        if "excess" in row:
+            assert row["beyond_own_floor"] == (row["excess"]["pooled"]["ci"][0] > 0)

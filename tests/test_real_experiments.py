@@ -187,9 +187,36 @@ def test_quantization_schemes_runner_records_resumes_and_reports(tmp_path, monke
     records = tmp_path / "records"
     args = example.Args(model=str(embedded_path), tasks="general_knowledge,sports_understanding", limit=4,
                         schemes="bf16,int8_dynamic,missing_lib", generated="arithmetic", generated_limit=6,
-                        floor=True, kl_texts=3, records=str(records), batch_size=2, out=str(tmp_path / "out"))
+                        floor=True, kl_texts=3, records=str(records), batch_size=2, out=str(tmp_path / "out"),
+                        scheme_floors=True)
     report = example.main(args)
-    assert sorted(p.name for p in records.iterdir()) == ["bf16", "fp32", "fp32_floor", "int8_dynamic", "missing_lib"]
+    tag = example.cpu_tag()
+    reruns = [f"{s}_{tag}{k}" for s in ("fp32", "bf16", "int8_dynamic") for k in ("", "_floor")]
+    assert sorted(p.name for p in records.iterdir()) == sorted(
+        ["bf16", "fp32", "fp32_floor", "int8_dynamic", "missing_lib", *reruns])  # a scheme that did not run: no rerun
+    for run in reruns:  # amendment 3: the recorded setting here, then batch 5 on one thread
+        meta = json.loads((records / run / "meta.json").read_text())
+        assert (meta["batch_size"], meta["threads"]) == ((5, 1) if run.endswith("_floor") else (2, torch.get_num_threads()))
+        assert "kl.json" not in {p.name for p in (records / run).iterdir()}
+    kept = report["kept_tasks"]
+    from adaptguard.compat.compare import compare_runs
+
+    for scheme in ("bf16", "int8_dynamic"):
+        row = report["floors"]["schemes"][scheme]
+        if not kept:
+            assert "own_floor" not in row
+            continue
+        here, floor = (example.item_scores(records / f"{scheme}_{tag}{k}") for k in ("", "_floor"))
+        pairs = [(here[t][d], floor[t][d]) for t in kept for d in here[t]]
+        assert row["own_floor"]["pooled"]["changed"] == sum(a != b for a, b in pairs)
+        assert row["flips_by_batch_alone"] == any(a != b for a, b in pairs)
+        # the excess NFR is compare's replicate mode on the same runs, at 95 % (alpha 0.025: level 1 − 2α)
+        compared = compare_runs(records / f"fp32_{tag}", [[records / f"{scheme}_{tag}", records / f"{scheme}_{tag}_floor"]],
+                                alpha=0.025)
+        for task, mine in row["excess"]["per_task"].items():
+            theirs = compared["tasks"][task]["replicates"]
+            assert mine["excess_nfr"] == pytest.approx(theirs["excess_nfr"])
+            assert mine["ci"] == pytest.approx(list(theirs["ci"]))
     assert "quanto is not installed" in report["not_runnable"]["missing_lib"]
     ref = example.item_scores(records / "fp32")
     assert sorted(ref) == ["bb_arithmetic", "bb_general_knowledge", "bb_sports_understanding"]
@@ -222,7 +249,7 @@ def test_quantization_schemes_runner_records_resumes_and_reports(tmp_path, monke
     assert "doc" not in first and all(set(a) == {"arg_1"} for a in first["arguments"].values())
     capsys.readouterr()
     again = example.main(args)  # resume: every scheme is recorded, nothing is evaluated again
-    assert capsys.readouterr().out.count("skipped") == 5
+    assert capsys.readouterr().out.count("skipped") == 5 + len(reruns)
     assert again["schemes"] == report["schemes"]
     assert (tmp_path / "out" / "report_bf16.html").stat().st_size > 0
     with pytest.raises(ValueError, match="--schemes: unknown 'int3'"):
