@@ -14,13 +14,13 @@ import pytest
 from adaptguard.cli.main import main
 
 pytestmark = pytest.mark.slow
-N = 160
+N = 120
 WORDS = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree", "car", "book", "fish", "bird"]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, embedded_path):
-    """A 160-item multiple-choice task, the embedded model's lm-eval run of it, and two baselines made from that
+    """A 120-item multiple-choice task, the embedded model's lm-eval run of it, and two baselines made from that
     run: the old model right on every item (`right`) and wrong on every item (`wrong`)."""
     root = tmp_path_factory.mktemp("evaluate")
     tasks = root / "tasks"
@@ -86,7 +86,7 @@ def test_a_breach_stops_at_the_first_look_and_compare_agrees(runs, embedded_path
     printed = capsys.readouterr().out
     t = record(tmp_path / "out")
     assert code == 1 and t["status"] == "decided" and t["done"] == 40 and t["looks"] == [40]
-    assert t["decisions"] == {"nfr>5%": "breach"} and "t_mc: 40/160 items (decided); nfr" in printed
+    assert t["decisions"] == {"nfr>5%": "breach"} and "t_mc: 40/120 items (decided); nfr" in printed
     (samples,) = (tmp_path / "out").glob("samples_t_mc_*.jsonl")
     docs = [json.loads(x)["doc_id"] for x in samples.read_text().splitlines()]
     assert sorted(docs) == sorted(t["order"][:40])  # an lm-eval run of the documents evaluated, in its format
@@ -107,11 +107,11 @@ def test_a_clear_stops_early_too(runs, embedded_path, tmp_path, capsys):
 
 
 def test_exhausted_items_leave_the_threshold_undecided(runs, embedded_path, tmp_path, capsys):
-    """No positive flip can happen when the old model is right everywhere, yet 160 items cannot show `pfr < 0.5 %`:
+    """No positive flip can happen when the old model is right everywhere, yet 120 items cannot show `pfr < 0.5 %`:
     every item is evaluated and the run exits 3."""
     code = evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%")
     t = record(tmp_path / "out")
-    assert code == 3 and t["status"] == "exhausted" and t["done"] == N and t["looks"] == [40, 80, 120, 160]
+    assert code == 3 and t["status"] == "exhausted" and t["done"] == N and t["looks"] == [40, 80, 120]
     assert t["decisions"] == {"pfr>0.5%": "undecided"}
 
 

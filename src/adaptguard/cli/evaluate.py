@@ -37,7 +37,8 @@ def _evaluate(ns: argparse.Namespace) -> int:
     from ..compat.formats import read_runs
     from ..compat.gate import describe, exit_status
     from ..compat.harness import gathered_include_path
-    from ..compat.sequential import check_thresholds, evaluate_until_decided, load_record
+    from ..compat.sequential import load_record
+    from ..compat.until_decided import check_thresholds, evaluate_until_decided
     from ..plugins import lm_eval_task_dirs
 
     if ns.significance is None:

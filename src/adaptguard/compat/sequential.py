@@ -1,26 +1,17 @@
-"""Evaluate a new model through lm-eval only until the gate decides (`adaptguard evaluate`).
-
-Each task's documents are visited in a seeded random order, a chunk at a time (`simple_evaluate(...,
-samples={task: [doc indices]})`, the model loaded once); after each chunk every (task, threshold) is decided by the
-anytime-valid tests of `decide` (e-processes: valid however often one looks), a task stops when each of its
-thresholds is decided, the run when every task has stopped or run out of documents. The output folder is an
-ordinary lm-eval `--log_samples` run (the samples evaluated so far) plus `sequential.json`, the record of the order
-and the looks: `compare BASELINE OUT` reads it and takes the same decisions, and a rerun resumes where a kill left
-it (the samples are written before the record, each file atomically)."""
+"""The record of a run evaluated until decided (`adaptguard evaluate`, driven by `until_decided`), as `compare`
+reads it: `sequential.json` beside the run's lm-eval samples holds each task's seeded document order, the documents
+done and the looks; `compare` cuts the baseline to those documents and decides with the anytime-valid tests."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import zlib
 from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from ..utils.files import atomic_write_text
-from .runs import RunError, TaskRun
+from .runs import TaskRun
 
 RECORD = "sequential.json"
 
@@ -56,142 +47,3 @@ def task_order(doc_ids: list[int], seed: int, task: str) -> list[int]:
     return [int(d) for d in rng.permutation(sorted(doc_ids))]
 
 
-def _write_samples(out: Path, task: str, stamp: str, samples: list[dict]) -> None:
-    from lm_eval.utils import handle_non_serializable
-
-    text = "".join(json.dumps(s, default=handle_non_serializable, ensure_ascii=False) + "\n" for s in samples)
-    atomic_write_text(out / f"samples_{task}_{stamp}.jsonl", text)
-
-
-def _read_samples(out: Path, task: str, stamp: str) -> list[dict]:
-    path = out / f"samples_{task}_{stamp}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def progress_line(task: str, t: dict, decisions: list[dict]) -> str:
-    """One line per task and look: items done, each threshold's interval (or e-value's p) and its decision."""
-    parts = []
-    for d in decisions:
-        seen = f"{100 * d['value']:.1f}%"
-        if d.get("interval") is not None:
-            seen += f" [{100 * d['interval'][0]:.1f}, {100 * d['interval'][1]:.1f}]"
-        else:
-            seen += f" (p {min(d['p_value'], d['p_within']):.2g})"
-        parts.append(f"{d['metric']} {seen} vs {100 * d['threshold']:g}%: {d['decision']}")
-    return f"{task}: {t['done']}/{len(t['order'])} items ({t['status']}); " + "; ".join(parts)
-
-
-@contextlib.contextmanager
-def _lm_eval_quietly(seen: set[str]):
-    """lm-eval's own screen output of one chunk (its bars, the `git describe` error it prints outside a repository)
-    kept off the screen; each other line (a warning about a task's config, an error) shown once per run."""
-    import os
-    import sys
-    import tempfile
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            for line in tmp.read().decode(errors="replace").replace("\r", "\n").splitlines():
-                noise = not line.strip() or "it/s]" in line or "%|" in line or "not a git repository" in line
-                if not noise and line not in seen:
-                    seen.add(line)
-                    print(line, file=sys.stderr)
-
-
-def check_thresholds(thresholds: list) -> None:
-    """Refuse a threshold without an anytime-valid test (before any model is loaded)."""
-    from .decide import SEQUENTIAL_METRICS
-
-    for t in thresholds:
-        if t.metric not in SEQUENTIAL_METRICS:
-            raise RunError(f"--fail-on {t.expr!r}: evaluate decides {', '.join(SEQUENTIAL_METRICS[:-1])} and "
-                           f"{SEQUENTIAL_METRICS[-1]} (anytime-valid tests); use compare on finished runs for the others")
-
-
-def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds: list, *, tasks: list[str] | None
-                           = None, alpha: float = 0.05, chunk: int = 50, seed: int = 0, task_manager=None,
-                           say=print) -> dict:
-    """Evaluate `lm` (an lm-eval model instance, loaded once) on the baseline's tasks until every threshold is decided
-    (module docstring). Returns the gate (`gate.check_gate`) of the final state. Raises `RunError`/`GateError` for
-    bad input before anything is evaluated or written."""
-    from lm_eval import simple_evaluate
-
-    from .compare import compare_runs
-    from .formats import read_runs
-    from .gate import check_gate
-
-    out = Path(out)
-    base = read_runs(baseline)[0]
-    names = sorted(base) if tasks is None else tasks
-    missing = [t for t in names if t not in base]
-    if missing:
-        raise RunError(f"{baseline}: no task {', '.join(missing)} in the baseline run (its tasks: "
-                       f"{', '.join(sorted(base))})")
-    for task in names:
-        if len(base[task].filters) != 1:
-            raise RunError(f"{baseline}: task {task!r} was logged with several filters ({base[task].filters}); "
-                           "evaluate takes one filter per task")
-    check_thresholds(thresholds)
-    settings = {"baseline": str(Path(baseline).resolve()), "thresholds": [t.expr for t in thresholds],
-                "alpha": alpha, "chunk": chunk, "seed": seed, "tasks": names}
-    record = load_record(out)
-    if record is not None and record["settings"] != settings:
-        raise RunError(f"{out}: holds an evaluate run with other settings ({record['settings']}); give another "
-                       "--output-path, or the same settings to resume it")
-    if record is None:
-        if out.exists() and any(out.iterdir()):
-            raise RunError(f"{out}: is a non-empty folder that is not an evaluate run; give a new --output-path")
-        record = {"settings": settings, "seed": seed, "stamp": datetime.now(timezone.utc).strftime(
-            "%Y-%m-%dT%H-%M-%S.%f"), "configs": {}, "tasks": {
-            task: {"order": task_order([d for _, d in base[task].samples], seed, task), "done": 0, "looks": [],
-                   "status": "running"} for task in names}}
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = record["stamp"]
-    for task, t in record["tasks"].items():  # resume: the samples written are the truth (written before the record)
-        done = len(_read_samples(out, task, stamp))
-        if done != t["done"]:
-            t["done"] = done
-            t["looks"] = [n for n in t["looks"] if n < done] + [done]
-    gate, seen = None, set()
-    while True:
-        if any(t["done"] for t in record["tasks"].values()):
-            report = compare_runs(baseline, out, alpha=alpha, tasks=",".join(names), common_tasks=True)
-            gate = check_gate(report, thresholds, alpha)
-            for task, t in record["tasks"].items():
-                mine = [d for d in gate["decisions"] if d["task"] == task]
-                undecided = [d for d in mine if d["decision"] == "undecided"]
-                if t["status"] == "running" and not undecided and mine:
-                    t["status"] = "decided"
-                elif t["status"] == "running" and t["done"] >= len(t["order"]):
-                    t["status"] = "exhausted"
-                t["decisions"] = {d["expr"]: d["decision"] for d in mine}
-                say(progress_line(task, t, mine))
-            atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")
-        running = [task for task, t in record["tasks"].items() if t["status"] == "running"]
-        if not running:
-            return gate
-        for task in running:
-            t = record["tasks"][task]
-            batch = t["order"][t["done"]: t["done"] + chunk]
-            # sorted: lm-eval 0.4.13 visits the chosen documents in dataset order but labels them in the order given
-            with _lm_eval_quietly(seen):
-                results = simple_evaluate(model=lm, tasks=[task], samples={task: sorted(batch)}, log_samples=True,
-                                          task_manager=task_manager, verbosity="ERROR")
-            new = _read_samples(out, task, stamp) + list(results["samples"][task])
-            _write_samples(out, task, stamp, new)
-            record["configs"][task] = results["configs"][task]
-            atomic_write_text(out / f"results_{stamp}.json", json.dumps(
-                {"configs": record["configs"], "n-shot": {k: v.get("num_fewshot", 0) for k, v in record["configs"]
-                                                         .items()}}, default=str, indent=1) + "\n")
-            t["done"] += len(batch)
-            t["looks"].append(t["done"])
-            atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")  # after its samples: resumable
