@@ -32,9 +32,10 @@ def _read_samples(out: Path, task: str, stamp: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def progress_line(task: str, t: dict, decisions: list[dict]) -> str:
-    """One line per task and look: items done, each threshold's interval (or e-value's p) and its decision."""
-    parts = []
+def progress_line(task: str, t: dict, decisions: list[dict], left_out: list[dict] = ()) -> str:
+    """One line per task and look: items done, each threshold's interval (or e-value's p) and its decision, and the
+    thresholds left out for now (a churn task's flips: more items may show a model above chance)."""
+    parts = [f"{x['expr']}: left out ({x['why'].split(':')[0]} so far)" for x in left_out]
     for d in decisions:
         seen = f"{100 * d['value']:.1f}%"
         if d.get("interval") is not None:
@@ -138,7 +139,7 @@ def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds
                 elif t["status"] == "running" and t["done"] >= len(t["order"]):
                     t["status"] = "exhausted"
                 t["decisions"] = {d["expr"]: d["decision"] for d in mine}
-                say(progress_line(task, t, mine))
+                say(progress_line(task, t, mine, [x for x in gate["left_out"] if x["task"] == task]))
             atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")
         running = [task for task, t in record["tasks"].items() if t["status"] == "running"]
         if not running:
