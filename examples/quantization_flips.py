@@ -116,7 +116,8 @@ FLOOR = "fp32_floor"  # fp32 again, batch 5 on one thread
 # <scheme>_<cpu> (the recorded batch and threads on this CPU; <cpu> is torch's kernel set, e.g. avx2), then
 # <scheme>_<cpu>_floor (batch 5, one thread) and <scheme>_<cpu>_b1 (batch 1, one thread): {kind: (batch, threads)}
 RERUNS = {"": None, "_floor": (5, 1), "_b1": (1, 1)}
-RERUN_ORDER = ("int8_dynamic", "quanto_int4", "quanto_int8", "int8_wo", "int8_bnb", "fp4", "nf4", "fp16", "bf16")
+# amendment 4: the two schemes whose kernels compute from the batch first, then amendment 3's order
+RERUN_ORDER = ("int8_dynamic", "int8_bnb", "quanto_int4", "quanto_int8", "int8_wo", "fp4", "nf4", "fp16", "bf16")
 _RERUN_NAME = re.compile(r"^(?P<scheme>.+?)_(?P<cpu>avx[0-9a-z]*|default|zvector|sve[0-9]*)(?P<kind>_floor|_b1)?$")
 
 
@@ -245,7 +246,7 @@ def markdown(report: dict) -> str:
 E6 = {"tasks": ",".join(DEFAULT_TASKS), "limit": 400, "schemes": ",".join(s for s in SCHEMES if s != "fp32"),
       "generated": "arithmetic", "generated_limit": 400, "floor": True, "kl_texts": 200,
       "records": "docs/results/e6_records", "batch_size": 16, "scheme_floors": True,
-      "rerun_tasks": "bb_arithmetic,bb_date_understanding,bb_general_knowledge,bb_hindu_knowledge"}
+      "rerun_tasks": "bb_general_knowledge,bb_hindu_knowledge"}  # amendment 4 (fp32_avx2 ran on all four kept tasks)
 RECORD_KEYS = ("doc_id", "doc_hash", "prompt_hash", "target_hash", "filter", "metrics", "acc", "acc_norm",
                "exact_match")
 
@@ -685,6 +686,8 @@ def scheme_floors(records: Path, reruns: list[str], kept: list[str], ref: dict, 
                     for r in reruns if r in have},
            "not_run": [r for r in reruns if r not in have and parse_run(r)[0] in ("fp32", *ran)],
            "schemes": {}}
+    notes = records / "amendment3_shared.json"  # what else ran on the cores during a run, as the session saw it
+    out["shared"] = json.loads(notes.read_text()) if notes.exists() else {}
 
     def vectors(run_scores: dict, tasks: list[str]) -> np.ndarray:
         return np.array([run_scores[t][d] for t in tasks for d in sorted(ref[t])])
