@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--out", default="evaluate-smollm2-int8", help="output folder")
     parser.add_argument("--fail-on", default="nfr>2%,nfr>5%,acc_drop>1%", help="thresholds, comma-separated")
     parser.add_argument("--chunk", type=int, default=25, help="items per task between two looks")
+    parser.add_argument("--tasks", default=",".join(TASKS), help="BIG-bench tasks, comma-separated (E6's six)")
     args = parser.parse_args()
     hide_unused_library_noise()
     from lm_eval import simple_evaluate
@@ -44,7 +45,7 @@ def main() -> None:
     out = Path(args.out)
     work = out / "work"  # the task files and the run folder: regenerated, not committed
     shutil.rmtree(work, ignore_errors=True)
-    names = write_lm_eval_tasks(load_tasks(list(TASKS)), work / "tasks", limit=400)  # E6's first 400 items
+    names = write_lm_eval_tasks(load_tasks(args.tasks.split(",")), work / "tasks", limit=400)  # E6's first 400
     path = resolve_model("built:smollm2")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     torch.ao.quantization.quantize_dynamic(model.base_model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
@@ -73,7 +74,8 @@ def main() -> None:
               "seconds_full": full, "loadavg": load, "machine": machine_info(),
               "note": "the baseline is E6's fp32 run recorded on another machine (docs/results/e6_records/fp32/meta"
                       ".json); the load averages say what else ran on the cores",
-              "command": f"python examples/evaluate_until_decided.py --out {args.out}"}
+              "command": f"python examples/evaluate_until_decided.py --out {args.out} --fail-on '{args.fail_on}' "
+                         f"--chunk {args.chunk} --tasks {args.tasks}"}
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"until decided: {used}/{total} items ({100 * used / total:.0f} %), {until:.0f} s; full: {full:.0f} s "
           f"({100 * until / full:.0f} % of its wall time); gate {gate['status']}")
