@@ -108,21 +108,32 @@ def floors_section(report: dict) -> list[str]:
     rows = floors["schemes"]
     runs = floors["runs"]
     fp32 = rows.get("fp32", {})
-    kept = len(report["kept_tasks"])
     rec = report["machine"]
+    scheme_tasks = [r["tasks"] for name, r in runs.items() if not name.startswith("fp32_") and r.get("tasks")]
+    fp32_tasks = [r["tasks"] for name, r in runs.items() if name.startswith("fp32_") and r.get("tasks")]
+    if scheme_tasks:
+        names = [TASK[t] for t in report["kept_tasks"] if t in scheme_tasks[0]]
+        n = sum(report["schemes"]["fp32_floor"]["tasks"][t]["n"] for t in report["kept_tasks"] if t in scheme_tasks[0])
+        covered = f"{listing(names)} ({num(n)} items" + ("; amendment 4: the schemes' reruns cover these tasks only, "
+                                                          "to fit the session)" if len(names) < len(report["kept_tasks"])
+                                                          else ")")
+        if fp32_tasks and len(fp32_tasks[0]) > len(scheme_tasks[0]):
+            covered += f"; fp32 here ran on all {len(fp32_tasks[0])} kept tasks"
+    else:
+        covered = "the kept tasks"
     where = "one machine"
     if runs:
         here = next(iter(runs.values()))["machine"]
         where = f"{here['cpu']} ({here['cpu_capability']})"
         if (here["cpu"], here["cpu_capability"]) != (rec["cpu"], rec["cpu_capability"]):
-            where += (" — another CPU than the recorded runs', so a rerun there against a record would mix the batch "
-                      "with the CPU's kernels —")
+            where += (" (another CPU than the recorded runs': a rerun there against a record would mix the batch "
+                      "with the CPU's kernels)")
     lines = ["**Each scheme's own floor (amendment 3).** The registered floor above is fp32's; a quantized model's "
              "kernels may depend on the batch (activation scales computed per batch, LLM.int8's outlier columns), "
              f"which fp32 cannot show. The recorded runs were made on {rec['cpu']} ({rec['cpu_capability']}). On "
              f"{where}, fp32 and each scheme ran at the recorded setting (batch "
              f"{report['reference']['batch_size']}, {report['reference']['threads']} threads) and again at batch 5 on "
-             f"one thread, on the {kept} kept tasks. *Own floor*: answers that changed between those two runs (exact "
+             f"one thread, on {covered}. *Own floor*: answers that changed between those two runs (exact "
              "95 % interval over items; one pair of runs). *Excess NFR*: `compare`'s replicate mode, fp32 here "
              "against the scheme's two runs here (`replicate_flips` at 95 %: the scheme's rerun pairs are the floor; "
              "the interval counts items and runs). *CPU alone*: answers that changed between the recorded run and the "
@@ -160,16 +171,28 @@ def floors_section(report: dict) -> list[str]:
         said.append(f"Flips beyond the scheme's own floor (lower end above 0): {listing(w['beyond'])}.")
     if w["not_beyond"]:
         said.append(f"Not shown beyond its own floor (the interval reaches 0): {listing(w['not_beyond'])}.")
+    if "cpu_alone" in fp32:
+        c = fp32["cpu_alone"]["pooled"]
+        said.append(f"fp32 on this CPU against the recorded Xeon run: {num(c['changed'])} of {num(c['n'])} answers "
+                    "changed.")
     if "own_floor" in fp32:
         said.append(f"fp32's own floor here: {fp32['own_floor']['pooled']['changed']} answers changed.")
     if w["missing"]:
         said.append(f"**No own floor yet** (not run in this session): {listing(w['missing'])}; for them only fp32's "
                     "floor exists, and how much of their flips batch alone would make is not known.")
-    if floors.get("not_run"):
-        said.append(f"Registered runs not made: {', '.join(floors['not_run'])}.")
+    main = [r for r in floors.get("not_run", []) if not r.endswith("_b1")]
+    batch_one = [r for r in floors.get("not_run", []) if r.endswith("_b1")]
+    if main:
+        said.append(f"Registered runs not made in this session: {', '.join(main)}.")
+    if batch_one:
+        said.append(f"The batch-1 runs (registered only for time left after every floor) were not made: "
+                    f"{', '.join(batch_one)}.")
     loads = [x for r in runs.values() for x in (r["loadavg_start"][0], (r.get("loadavg_end") or [None])[0])
              if x is not None]
     seconds = sum(r["eval_seconds"] or 0 for r in runs.values())
+    shared = [f"during {run}, {note}" for run, note in floors.get("shared", {}).items() if run in runs]
+    if shared:
+        said.append("This session's own work shared the cores too: " + "; ".join(shared) + ".")
     said.append(f"These {len(runs)} runs took {seconds / 60:.0f} min; other developers' tests shared the 2 cores "
                 f"(1-min load average {min(loads):.1f}–{max(loads):.1f} at their starts and ends, in each `meta.json`),"
                 " so their seconds are not speeds.")
@@ -278,10 +301,18 @@ def readme_rows(report: dict) -> dict[str, str]:
         w = floor_words(report)
         fl = report["floors"]["schemes"]
         if w["measured"]:
-            fewest += ("; each scheme's own rerun floor (batch 16 vs 5, one AMD CPU): answers changed by batch "
-                       "alone " + ", ".join(f"{s} {fl[s]['own_floor']['pooled']['changed']}" for s in w["measured"]))
-            if w["beyond"]:
-                fewest += f", flips beyond it: {', '.join(w['beyond'])}"
+            cpu = next(iter(report["floors"]["runs"].values()))["machine"]["cpu"]
+            n = fl[w["measured"][0]]["own_floor"]["pooled"]["n"]
+            def own(s: str) -> str:
+                text = f"{s} {fl[s]['own_floor']['pooled']['changed']} of {num(n)}"
+                ex = fl[s].get("excess", {}).get("pooled")
+                if ex:
+                    text += (f" (excess NFR beyond it {pct(ex['excess_nfr'])} %, 95 % CI {pct(ex['ci'][0])} to "
+                             f"{pct(ex['ci'][1])})")
+                return text
+
+            fewest += (f"; answers changed by batch and threads alone (each scheme's own floor, batch 16 vs 5 on one "
+                       f"{cpu}): " + ", ".join(own(s) for s in w["measured"]))
         fewest += (f"; no own floor yet: {', '.join(w['missing'])}" if w["missing"] else "")
     return {"quantization flips answers that accuracy hides (Dutta et al. 2024)": hides,
             "which quantization breaks the fewest answers (E6)": fewest}
@@ -330,8 +361,8 @@ def section_11(report: dict) -> str:
             f"(H2, {h2_verdict(report)}, weakly); {summary}.", ""]
     out += ["Registered in [docs/preregistration.md § E6](preregistration.md#e6-issue-67-which-quantization-breaks-"
             "the-fewest-answers--flips-against-fp32-and-whether-kl-predicts-them) before any E6 run (amendments 1–2 "
-            "dated before the results they touch; amendment 3, each scheme's own floor, registered after the results "
-            "and before its runs). Runner: `python examples/quantization_flips.py --e6 --out DIR` (resumable: a run "
+            "dated before the results they touch; amendments 3–4, each scheme's own floor, registered after the "
+            "results and before their runs). Runner: `python examples/quantization_flips.py --e6 --out DIR` (resumable: a run "
             "with records is skipped; `--schemes nf4,int8_bnb,…` runs any subset; one `compare --html` page per "
             "scheme in `DIR`). Records, committed as each run finished: `docs/results/e6_records/<run>/` (lm-eval's "
             "per-item samples without the prompt copies, `meta.json`, `kl.json`). Report, recomputed from the "
