@@ -35,7 +35,8 @@ from adaptguard.compat.callback import evaluate_with_lm_eval, task_runs_from_out
 from adaptguard.compat.compare import compare_task
 from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
 from adaptguard.data.openai_evals import as_letter_choices, as_prompt_completion, load_set
-from adaptguard.experiments.demo import METHODS, Method, tradeoff_plot, train_method
+from adaptguard.demo.run import METHODS, Method, train_method
+from adaptguard.demo.tradeoff import tradeoff_plot
 from adaptguard.models.embedded import resolve_model
 from adaptguard.utils.progress import progress_bar, say
 from adaptguard.utils.sweeps import command_line, machine_info, report_footer, spread, write_report

@@ -6,7 +6,7 @@ choice, on the embedded default — offline, CPU only (paper 001 Table 3.1 in sp
 Each target task (a skill of the tiny model asked in a format it never saw) is taken in turn; the other
 tasks of the grid and three compositional-suite distractors are the candidates. Every method's choice
 becomes a mixture of the same number of rows, the tiny model is fine-tuned on it (plain SFT) and scored
-zero-shot on the target. See `adaptguard.experiments.selection` for the design.
+zero-shot on the target. See `studies.selection` for the design.
 
 ```bash
 python examples/select_tasks.py --out selection-out            # default run, about 3 minutes on a CPU
@@ -24,7 +24,7 @@ import dataclasses
 
 
 def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    from adaptguard.experiments.selection import GRID
+    from studies.selection import GRID
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].strip(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,7 +39,7 @@ def make_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from adaptguard.experiments.selection import (
+    from studies.selection import (
         QUICK,
         ExperimentConfig,
         run_selection_experiment,

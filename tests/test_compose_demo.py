@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from adaptguard.experiments.composition import (
+from adaptguard.demo.composition import (
     PRESETS,
     CompositionConfig,
     answer_labels,

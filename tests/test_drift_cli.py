@@ -114,7 +114,7 @@ def test_select_cli_unknown_dataset_exits_2(tmp_path, embedded_path, capsys):
 def test_drift_experiment_cli_writes_the_sweep(tmp_path, monkeypatch, capsys):
     import torch
 
-    from adaptguard.experiments import drift as drift_experiment
+    from adaptguard.drift import sweep as drift_experiment
 
     threads_before = torch.get_num_threads()
     # a micro sweep through the real command: the CLI passes --quick through to the quick preset

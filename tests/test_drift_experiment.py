@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from adaptguard import drift
-from adaptguard.experiments import drift as dx
+from adaptguard.drift import sweep as dx
 
 # a configuration small enough for a test: 1 layer, width 16, 30 steps
 MICRO = {"similarities": (0.0, 0.5), "repetitions": 2, "length": 16, "n0": 240, "n1": 40, "n_layer": 1,
@@ -226,7 +226,7 @@ def test_the_demo_sections_side_by_side_give_this_process_results(tmp_path, micr
     raises here, with its own message, once the others are done."""
     from functools import partial
 
-    from adaptguard.experiments.demo import _drift, run_sections
+    from adaptguard.demo.run import _drift, run_sections
 
     _, here, _ = micro_result
     sections = {"drift": (partial(_drift, **MICRO), tmp_path), "bad": (partial(_drift, color="red"), tmp_path / "bad")}

@@ -21,7 +21,7 @@ def test_tokenizer_is_deterministic_and_round_trips():
 
 
 def test_embedded_model_has_general_abilities_and_lacks_the_domain(tiny):
-    from adaptguard.experiments.demo import general_scores
+    from adaptguard.demo.run import general_scores
     from adaptguard.models.embedded import (
         EMBEDDED_MODELS,
         domain_split,
@@ -253,7 +253,7 @@ def test_cli_demo_quick(tmp_path, embedded_path):
 
 
 def test_pareto_front():
-    from adaptguard.experiments.common import pareto_front
+    from adaptguard.demo.tradeoff import pareto_front
 
     points = [(0.1, 0.9), (0.5, 0.5), (0.4, 0.4), (0.9, 0.1), (0.5, 0.2), (0.1, 0.8), (0.5, 0.5)]
     # (0.4, 0.4) < (0.5, 0.5); (0.5, 0.2) < (0.5, 0.5); (0.1, 0.8) < (0.1, 0.9); a duplicate counts once

@@ -1,5 +1,6 @@
 """The layering of docs/architecture.md, enforced: the import-linter contracts of pyproject.toml (maths imports only
-the standard library, numpy, scipy and torch; the library never imports the experiments; no import cycles), plus
+the standard library, numpy, scipy and torch; the library never imports the CLI; the package never imports the
+studies; no import cycles), plus
 checks that the contracts can fail and that importing the maths does not load the glue."""
 
 import os
@@ -16,7 +17,7 @@ MATHS = ["adaptguard.talr.losses", "adaptguard.muscle.losses", "adaptguard.muscl
 
 def lint_imports(root, config) -> subprocess.CompletedProcess:
     # grimp reads the source tree from sys.path; the editable install maps adaptguard through an import hook
-    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}  # root: the studies
     code = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(config_filename=sys.argv[1]))"
     return subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, cwd=root,
                           env=env, timeout=300)
@@ -30,23 +31,26 @@ def test_import_contracts_hold():
 
 @pytest.mark.parametrize("culprit, contract", [
     ("talr/losses.py", "The paper maths imports only"),       # maths reaching for a trainer library
-    ("muscle/masks.py", "The library never imports the experiments"),
-    ("update/config.py", "The library never imports the experiments"),  # the product's own homes
-    ("models/embedded.py", "The library never imports the experiments"),
-    ("data/bigbench.py", "The library never imports the experiments"),
+    ("muscle/masks.py", "The package never imports the studies"),
+    ("update/config.py", "The package never imports the studies"),  # the product's own homes
+    ("demo/run.py", "The package never imports the studies"),
+    ("data/bigbench.py", "The package never imports the studies"),
+    ("models/embedded.py", "The library never imports the CLI"),
     ("utils/labels.py", "No import cycles"),                   # utils -> talr while talr imports utils
 ])
 def test_a_bad_import_breaks_a_contract(tmp_path, culprit, contract):
     """The same contracts on a copy of the source with one bad import added: lint-imports must fail, naming it."""
     import shutil
 
-    shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("src", "studies"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     bad = {"talr/losses.py": "import transformers  # noqa\n",
-           "muscle/masks.py": "from ..experiments import common  # noqa\n",
-           "update/config.py": "from ..experiments import common  # noqa\n",
-           "models/embedded.py": "from ..experiments import demo  # noqa\n",
-           "data/bigbench.py": "from ..experiments.talr_vs_sft import E2  # noqa\n",
+           "muscle/masks.py": "from studies import common  # noqa\n",
+           "update/config.py": "import studies.common  # noqa\n",
+           "demo/run.py": "from studies.real_update import E1  # noqa\n",
+           "data/bigbench.py": "from studies.talr_vs_sft import E2  # noqa\n",
+           "models/embedded.py": "from ..cli import main  # noqa\n",
            "utils/labels.py": "from ..talr import losses  # noqa\n"}[culprit]
     path = tmp_path / "src" / "adaptguard" / culprit
     path.write_text(path.read_text() + bad)
@@ -56,17 +60,17 @@ def test_a_bad_import_breaks_a_contract(tmp_path, culprit, contract):
     assert contract in broken, proc.stdout[-3000:]
 
 
-def test_only_the_cli_and_the_studies_may_import_the_studies():
-    """The "never imports the experiments" contract names every subpackage and module of adaptguard but the CLI and
-    `experiments` itself, so a new package (a new product home) cannot slip past it."""
+def test_only_the_cli_may_import_the_cli():
+    """The "never imports the CLI" contract names every subpackage and module of adaptguard but the CLI itself, so a
+    new package (a new product home) cannot slip past it."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    sources = set(next(c for c in contracts if c["name"] == "The library never imports the experiments")["source_modules"])
+    sources = set(next(c for c in contracts if c["name"] == "The library never imports the CLI")["source_modules"])
     package = ROOT / "src" / "adaptguard"
     library = {f"adaptguard.{p.stem}" for p in package.iterdir()
                if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
-    assert library - {"adaptguard.cli", "adaptguard.experiments"} == sources
+    assert library - {"adaptguard.cli"} == sources
 
 
 def test_importing_the_maths_loads_no_glue():
@@ -86,6 +90,6 @@ def test_importing_the_maths_loads_no_glue():
 
 def test_ruff_passes():
     """The code passes the ruff configuration of pyproject.toml."""
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "src", "tests", "lm_eval_tasks",
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "src", "studies", "tests", "lm_eval_tasks",
                            "examples", "benchmarks", "plugins"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]

@@ -8,12 +8,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 PREFIX = "Failed to load CPU gemm_4bit_forward from kernels-community"
 
 
 def run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    # from the repository root, where the studies (`studies/`) import from
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
 
 
 def test_the_hidden_line_is_the_one_bitsandbytes_logs():
@@ -48,11 +51,11 @@ def test_the_cli_hides_the_kernel_line_and_a_4bit_load_explains_it_once():
 
 
 def test_experiment_runners_hide_the_kernel_line_from_their_first_import():
-    """`python -m adaptguard.experiments.<runner>` imports transformers' Trainer (hence PEFT, hence bitsandbytes,
-    which logs the note at import) before its `main` runs: the experiments package installs the filter first."""
+    """`python -m studies.<runner>` imports transformers' Trainer (hence PEFT, hence bitsandbytes,
+    which logs the note at import) before its `main` runs: the studies package installs the filter first."""
     proc = run(f"""
         import logging
-        import adaptguard.experiments
+        import studies
 
         log = logging.getLogger("bitsandbytes.backends.cpu.ops")
         log.warning("{PREFIX}: %s", "No module named 'kernels'")

@@ -218,8 +218,8 @@ def test_e5_finds_every_updates_recorded_reference(smollm2_path, tmp_path, monke
     """E5's new seeds count their flips against E3's recorded v1 test answers: in a store made from the committed
     records, the runner finds that reference for the multiple-choice updates and for U3's generated answers (whose
     scoring is part of the key), without training or scoring anything."""
-    from adaptguard.experiments import seeds_not_items as e5
-    from adaptguard.experiments.recipes_vs_control import E3Config
+    from studies import seeds_not_items as e5
+    from studies.recipes_vs_control import E3Config
 
     monkeypatch.chdir(Path(__file__).parents[1])  # the records' paths are the repository's
     out = tmp_path / "e5"

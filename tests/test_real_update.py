@@ -24,7 +24,7 @@ def toy_task(tmp_path, embedded_path):
 
 
 def toy_config(tmp_path, embedded_path, **kw):
-    from adaptguard.experiments.real_update import E1Config
+    from studies.real_update import E1Config
 
     task, n = toy_task(tmp_path, embedded_path)
     third = n // 3
@@ -37,7 +37,7 @@ def toy_config(tmp_path, embedded_path, **kw):
 def test_summary_against_hand_counts():
     from scipy.stats import binomtest
 
-    from adaptguard.experiments.real_update import summarise, verdict
+    from studies.real_update import summarise, verdict
 
     v1 = [True, True, True, True, False, False]
     v2 = [False, True, True, True, False, True]
@@ -56,7 +56,7 @@ def test_summary_against_hand_counts():
 
 
 def test_pipeline_resumes_after_a_kill(tmp_path, embedded_path, monkeypatch):
-    from adaptguard.experiments import real_update
+    from studies import real_update
 
     cfg = toy_config(tmp_path, embedded_path)
     trained = []
@@ -111,7 +111,7 @@ def test_pipeline_resumes_after_a_kill(tmp_path, embedded_path, monkeypatch):
 def test_quantized_base_without_bitsandbytes_names_the_extra(embedded_path, monkeypatch):
     import importlib.util
 
-    from adaptguard.experiments.real_update import load_base
+    from studies.real_update import load_base
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))

@@ -22,7 +22,7 @@ def generative_toy(tmp_path):
 
 
 def toy_config(tmp_path, embedded_path, **kw):
-    from adaptguard.experiments.recipes_vs_control import E3Config
+    from studies.recipes_vs_control import E3Config
 
     task, n = toy_task(tmp_path, embedded_path)
     generative, _ = generative_toy(tmp_path)
@@ -41,7 +41,7 @@ def toy_config(tmp_path, embedded_path, **kw):
 def test_summary_against_hand_counts():
     from scipy.stats import binomtest
 
-    from adaptguard.experiments.recipes_vs_control import arm_summary
+    from studies.recipes_vs_control import arm_summary
 
     v1 = [True, True, True, True, False, False]
     arms = {"kd": [[True, True, True, False, False, False], [True, True, True, True, True, False]],
@@ -67,7 +67,7 @@ def test_summary_against_hand_counts():
 
 
 def test_the_budget_rule_is_decided_once_from_measured_costs(tmp_path, embedded_path):
-    from adaptguard.experiments.recipes_vs_control import E3
+    from studies.recipes_vs_control import E3
 
     cfg = toy_config(tmp_path, embedded_path, budget_hours=1e-9)  # any measured cost exceeds it
     e3 = E3(cfg, say=lambda _: None)
@@ -82,8 +82,8 @@ def test_the_budget_rule_is_decided_once_from_measured_costs(tmp_path, embedded_
 
 
 def test_pipeline_tunes_every_arm_alike_and_resumes_after_a_kill(tmp_path, embedded_path, monkeypatch):
-    from adaptguard.experiments import recipes_vs_control as rc
     from adaptguard.update.candidates import pick_setting
+    from studies import recipes_vs_control as rc
 
     cfg = toy_config(tmp_path, embedded_path)
     trained, reads = [], []
@@ -165,7 +165,7 @@ def test_pipeline_tunes_every_arm_alike_and_resumes_after_a_kill(tmp_path, embed
 def test_u3_continued_fallback_uses_u2s_base(tmp_path, embedded_path):
     """Registered: U3's continued-training fallback is U2's base. The base is built once, in the multiple-choice
     store, and U3's steps (its own store) train their task adapter on that very folder."""
-    from adaptguard.experiments import recipes_vs_control as rc
+    from studies import recipes_vs_control as rc
 
     cfg = toy_config(tmp_path, embedded_path)
     e3 = rc.E3(cfg, say=lambda _: None)
@@ -187,8 +187,8 @@ def test_u3_items_longer_than_max_length_are_left_out_of_every_split(tmp_path, e
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from adaptguard.experiments import recipes_vs_control as rc
-    from adaptguard.experiments.common import training_rows
+    from studies import recipes_vs_control as rc
+    from studies.common import training_rows
 
     cfg = toy_config(tmp_path, embedded_path)
     capitals = [json.loads(x) for x in Path(cfg.generative_tasks[1]).read_text().splitlines()]
@@ -231,9 +231,9 @@ def test_the_records_keys_keep_smollm2s_stored_name():
     """SmolLM2 is `built:smollm2` now, and E3/E5's runs were stored under `embedded:smollm2`: the default config
     still reaches them (each committed score's folder hash recomputes from its settings, the model among them), so
     the runs resume and the records recompute."""
-    from adaptguard.experiments.common import store_model_name
-    from adaptguard.experiments.real_update import _key
-    from adaptguard.experiments.recipes_vs_control import E3Config
+    from studies.common import store_model_name
+    from studies.real_update import _key
+    from studies.recipes_vs_control import E3Config
 
     markers = sorted((Path(__file__).parents[1] / "docs" / "results").glob("e[35]_records/scores/*/e3_*/done.json"))
     assert len(markers) >= 100

@@ -7,7 +7,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from adaptguard.experiments.selection import (
+from adaptguard.models.embedded import (
+    ANTONYMS,
+    EMBEDDED_MODELS,
+    domain_rows,
+    world_facts,
+)
+from studies.selection import (
     GRID,
     QUICK,
     ExperimentConfig,
@@ -19,12 +25,6 @@ from adaptguard.experiments.selection import (
     skill_pairs,
     task_pool,
     task_rows,
-)
-from adaptguard.models.embedded import (
-    ANTONYMS,
-    EMBEDDED_MODELS,
-    domain_rows,
-    world_facts,
 )
 
 

@@ -41,7 +41,7 @@ def toy_tasks(tmp_path):
 
 
 def toy_config(tmp_path, embedded_path, **kw):
-    from adaptguard.experiments.talr_vs_sft import E2Config
+    from studies.talr_vs_sft import E2Config
 
     paths = toy_tasks(tmp_path)  # 60 domain rows, 24 capitals, 36 opposites
     settings = dict(out=str(tmp_path / "e2"), model=str(embedded_path), domain=str(paths["domain"]),
@@ -52,7 +52,7 @@ def toy_config(tmp_path, embedded_path, **kw):
 
 
 def test_summary_against_hand_counts():
-    from adaptguard.experiments.talr_vs_sft import E2Config, summarise, tradeoff_verdict
+    from studies.talr_vs_sft import E2Config, summarise, tradeoff_verdict
 
     base = {"domain": [False, False, True, False], "g": [True, True, True, False]}
     runs = {("SFT", 1e-4): [{"domain": [True, True, True, False], "g": [False, False, True, False]},
@@ -86,7 +86,7 @@ def test_summary_against_hand_counts():
 
 def test_dev_rule_follows_the_stored_dev_scores(tmp_path, embedded_path):
     from adaptguard.compat.metrics import paired_seeds_difference
-    from adaptguard.experiments.talr_vs_sft import E2
+    from studies.talr_vs_sft import E2
 
     cfg = toy_config(tmp_path, embedded_path, min_nfr=0.1)
     choices = E2(cfg, say=lambda _: None).dev_stage()
@@ -112,7 +112,7 @@ def test_dev_rule_follows_the_stored_dev_scores(tmp_path, embedded_path):
 
 
 def test_test_stage_resumes_after_a_kill(tmp_path, embedded_path, monkeypatch):
-    from adaptguard.experiments import talr_vs_sft
+    from studies import talr_vs_sft
 
     cfg = toy_config(tmp_path, embedded_path)
     # the dev rule's outcome on the toy depends on float noise; the test stage is checked at a fixed choice
@@ -155,7 +155,7 @@ def test_test_stage_resumes_after_a_kill(tmp_path, embedded_path, monkeypatch):
 
 
 def test_bad_input_names_the_field(tmp_path, embedded_path):
-    from adaptguard.experiments.talr_vs_sft import E2
+    from studies.talr_vs_sft import E2
 
     with pytest.raises(ValueError, match="general_tasks: .*capitals.jsonl has 24 items, the splits need 25"):
         E2(toy_config(tmp_path, embedded_path, n_general_dev=9), say=lambda _: None)

@@ -13,7 +13,7 @@ pytest.importorskip("medcalc")
 
 
 def toy_config(tmp_path, embedded_path, **kw):
-    from adaptguard.experiments.talr_worked_answers import E4Config
+    from studies.talr_worked_answers import E4Config
 
     paths = toy_tasks(tmp_path)
     e2 = tmp_path / "e2_domain.jsonl"  # stands in for hyperbaton: E2's pool starts after its 600 dev/test items
@@ -32,7 +32,7 @@ def test_token_regime_against_a_hand_computation(embedded_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adaptguard.experiments.talr_worked_answers import token_regime
+    from studies.talr_worked_answers import token_regime
 
     model = AutoModelForCausalLM.from_pretrained(embedded_path).eval()
     tok = AutoTokenizer.from_pretrained(embedded_path)
@@ -63,7 +63,7 @@ def test_token_regime_against_a_hand_computation(embedded_path):
 
 def test_pipeline_checkpoints_dev_rule_and_report(tmp_path, embedded_path):
     from adaptguard.compat.metrics import paired_seeds_difference
-    from adaptguard.experiments import talr_worked_answers as e4m
+    from studies import talr_worked_answers as e4m
 
     cfg = toy_config(tmp_path, embedded_path)
     report = e4m.E4(cfg, say=lambda _: None).run_test()
@@ -139,7 +139,7 @@ def test_pipeline_checkpoints_dev_rule_and_report(tmp_path, embedded_path):
 
 
 def test_bad_config_names_the_field(tmp_path, embedded_path):
-    from adaptguard.experiments.talr_worked_answers import E4
+    from studies.talr_worked_answers import E4
 
     with pytest.raises(ValueError, match=r"train_per_calculator \(\[8\]\) needs one size per calculator set"):
         E4(toy_config(tmp_path, embedded_path, train_per_calculator=[8]))
@@ -148,7 +148,7 @@ def test_bad_config_names_the_field(tmp_path, embedded_path):
 
 
 def test_report_without_a_qualifying_setting_shows_the_dev_walk_and_the_verdict():
-    from adaptguard.experiments.talr_worked_answers import E4Config, markdown
+    from studies.talr_worked_answers import E4Config, markdown
 
     q = {"domain_acc": 0.5, "domain_gain": 0.5, "domain_gain_ci": (0.402, 0.598), "general_nfr": 11 / 300,
          "general_pfr": 0.04, "qualifies": False}

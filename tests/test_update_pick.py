@@ -320,10 +320,10 @@ def test_default_candidates_follow_e5(tmp_path):
     that helps on some update in E5's committed report, decided over its registered seeds (8 per arm on U1 and U2 and
     for U3's control and focal), with E3's settings (the runner's arms at T 2) on one budget."""
     from adaptguard import MUSCLEConfig
-    from adaptguard.experiments.recipes_vs_control import ARMS
     from adaptguard.muscle.recipes import RECIPE_FIELDS
     from adaptguard.update import UpdateConfig
     from adaptguard.update.candidates import expand_candidates
+    from studies.recipes_vs_control import ARMS
 
     report = json.loads((Path(__file__).parents[1] / "docs/results/e5_report.json").read_text())["E3"]
     for name, update in report["updates"].items():  # the family is complete: every registered seed is in

@@ -14,7 +14,7 @@ def _demo(ns: argparse.Namespace) -> int:
         seed_list(ns.seeds)  # a bad --seeds fails before anything is announced or written
     # said before the heavy imports (torch, transformers, TRL: several seconds on a fresh machine)
     print(f"adaptguard demo{' (quick)' if ns.quick else ''}: writing {ns.out}/report.md", flush=True)
-    from ..experiments.demo import run_demo
+    from ..demo.run import run_demo
 
     report = run_demo(ns.out, quick=ns.quick, seeds=ns.seeds)
     print(f"done in {report['seconds']:.0f} s: {ns.out}/report.md, {ns.out}/report.json, {ns.out}/tradeoff.png")

@@ -40,7 +40,7 @@ def _drift_bound(ns: argparse.Namespace) -> int:
 
 
 def _drift_experiment(ns: argparse.Namespace) -> int:
-    from ..experiments.drift import run_drift_experiment
+    from ..drift.sweep import run_drift_experiment
     from ..utils.threads import torch_threads
 
     with torch_threads(ns.threads):

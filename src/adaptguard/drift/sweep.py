@@ -76,11 +76,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..drift.bsc import bsc_samples, reference_string, similar_reference, similarity
 from ..utils.figures import new_figure, save_figure
 from ..utils.files import atomic_write_text
 from ..utils.loop import train_steps
 from ..utils.progress import progress_bar
+from .bsc import bsc_samples, reference_string, similar_reference, similarity
 
 __all__ = [
     "BOS",

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..utils.files import atomic_write_text
 from ..utils.lora import default_lora_targets
 from ..utils.progress import progress_bar, say
-from .common import tradeoff_plot
+from .tradeoff import tradeoff_plot
 
 logger = logging.getLogger(__name__)
 
@@ -286,8 +286,8 @@ def _composition(out: Path, seed_range: list[int] | None) -> dict:
 def _drift(out: Path, repetitions: int | None = None, **overrides) -> dict:
     """Paper 000 App. B's quick similarity-drift sweep, written to OUT/drift/ (`overrides`: more settings of
     `run_drift_experiment`), with the peak of the bound at the CLI defaults of `adaptguard drift bound`."""
+    from ..drift.sweep import run_drift_experiment
     from ..drift.theory import theorem_a2_argmax
-    from .drift import run_drift_experiment
 
     say("  similarity drift sweep (quick) ...")
     drift = run_drift_experiment(out / "drift", quick=True, **overrides,

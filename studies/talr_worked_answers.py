@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 from transformers import TrainerCallback
 
-from ..utils.files import atomic_write_text
-from ..utils.sweeps import write_report
+from adaptguard.utils.files import atomic_write_text
+from adaptguard.utils.sweeps import write_report
+
 from .common import score_tasks, seeded_order, store_model_name, task_rows, training_rows
 from .talr_vs_sft import ARMS, E2, E2Config, add_general_splits, markdown_tables, plot, summarise
 from .talr_vs_sft import main as e2_main
@@ -104,7 +105,7 @@ class E4(E2):
 
     def domain(self, index: int) -> dict[str, list[dict]]:
         """{train, dev, test} MedCalc-style rows of calculator set `index` (registered sizes)."""
-        from ..data.medcalc import medcalc_splits
+        from adaptguard.data.medcalc import medcalc_splits
 
         c = self.cfg
         return medcalc_splits(calculators(c.calculator_sets[index]), c.train_per_calculator[index],
@@ -120,8 +121,8 @@ class E4(E2):
         """{"correct", "pred", "finished"} of a model's greedy answers on a domain split, by MedCalc-Bench's rule.
         A generation ends at EOS or where it starts a new item (`Patient note:`); `finished` is False where it ran
         out of tokens instead. Rows are generated grouped by calculator (similar lengths share a batch)."""
-        from ..data.medcalc import NOTE_PREFIX, is_correct
-        from ..utils.generation import generate_answers
+        from adaptguard.data.medcalc import NOTE_PREFIX, is_correct
+        from adaptguard.utils.generation import generate_answers
 
         rows = self.domain(index)[split]
         order = sorted(range(len(rows)), key=lambda i: rows[i]["calculator"])
@@ -144,7 +145,7 @@ class E4(E2):
 
     def domain_key(self, settings: dict, index: int, split: str) -> dict:
         """The stored settings of a domain score step (a changed generation setting is rescored, never reused)."""
-        from ..data.medcalc import NOTE_PREFIX
+        from adaptguard.data.medcalc import NOTE_PREFIX
 
         c = self.cfg
         return {**settings, "split": split, "set": index, "calculators": c.calculator_sets[index],
@@ -185,10 +186,10 @@ class E4(E2):
             from datasets import Dataset
             from transformers import AutoModelForCausalLM, PrinterCallback, set_seed
 
-            from ..talr.config import TALRConfig
-            from ..talr.trainer import TALRTrainer
-            from ..trl_adapter import no_activation_checkpointing
-            from ..utils.progress import TrainingProgress
+            from adaptguard.talr.config import TALRConfig
+            from adaptguard.talr.trainer import TALRTrainer
+            from adaptguard.trl_adapter import no_activation_checkpointing
+            from adaptguard.utils.progress import TrainingProgress
 
             start = time.perf_counter()
             c = self.cfg
@@ -278,8 +279,8 @@ class E4(E2):
         return choices
 
     def run_test(self) -> dict:
-        from ..utils.progress import progress_bar
-        from ..utils.sweeps import machine_info
+        from adaptguard.utils.progress import progress_bar
+        from adaptguard.utils.sweeps import machine_info
 
         choices = self.dev_stage()
         report = {"config": dataclasses.asdict(self.cfg), "machine": machine_info(), "dev_choices": choices}
@@ -344,7 +345,7 @@ def token_regime(model, tokenizer, rows: list[dict], batch_size: int = 8) -> dic
     10 % of tokens (at least one) and the min / median / max weight."""
     import torch
 
-    from ..talr.losses import talr_token_weights
+    from adaptguard.talr.losses import talr_token_weights
 
     probs, rows_out = [], []
     for i in range(0, len(rows), batch_size):
@@ -382,7 +383,7 @@ def token_regime(model, tokenizer, rows: list[dict], batch_size: int = 8) -> dic
 
 def regime_plot(regime: dict, path: Path) -> None:
     """Paper 003 Fig. 3b for E4 and E2: the share of training target tokens by the base model's probability."""
-    from ..utils.figures import new_figure, save_figure
+    from adaptguard.utils.figures import new_figure, save_figure
 
     fig = new_figure(figsize=(6.4, 3.6))
     ax = fig.subplots()

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils.files import atomic_write_text
-from ..utils.quiet import hide_unused_library_noise
-from ..utils.store import Store, export_records
-from ..utils.sweeps import machine_line, write_report
+from adaptguard.utils.files import atomic_write_text
+from adaptguard.utils.quiet import hide_unused_library_noise
+from adaptguard.utils.store import Store, export_records
+from adaptguard.utils.sweeps import machine_line, write_report
+
 from .common import score_tasks, seeded_order, store_model_name, task_rows, training_rows, verdict
 
 ARMS = {"SFT": "none", "TALR": "talr", "DFT": "dft"}  # arm -> TALRConfig.weighting
@@ -106,10 +107,10 @@ def fine_tune(cfg: E2Config, base_path: str, tokenizer, rows: list[dict], out: P
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PrinterCallback, set_seed
 
-    from ..talr.config import TALRConfig
-    from ..talr.trainer import TALRTrainer
-    from ..trl_adapter import no_activation_checkpointing
-    from ..utils.progress import TrainingProgress
+    from adaptguard.talr.config import TALRConfig
+    from adaptguard.talr.trainer import TALRTrainer
+    from adaptguard.trl_adapter import no_activation_checkpointing
+    from adaptguard.utils.progress import TrainingProgress
 
     set_seed(seed)
     args = TALRConfig(output_dir=str(out / "run"), weighting=ARMS[arm], per_device_train_batch_size=cfg.batch_size,
@@ -139,7 +140,7 @@ class E2:
     def __init__(self, cfg: E2Config, say=print):
         from transformers import AutoTokenizer
 
-        from ..models.embedded import resolve_model
+        from adaptguard.models.embedded import resolve_model
 
         if not cfg.learning_rates or not all(lr > 0 for lr in cfg.learning_rates):
             raise ValueError(f"learning_rates must be positive numbers, got {cfg.learning_rates}")
@@ -204,7 +205,7 @@ class E2:
     def qualification(self, base: dict, sft: dict) -> dict:
         """The registered dev test of one SFT model: it learns the domain (dev gain over the base, item-paired 95 %
         CI above 0) and forgets (general dev NFR against the base ≥ min_nfr)."""
-        from ..compat.metrics import paired_seeds_difference
+        from adaptguard.compat.metrics import paired_seeds_difference
 
         gain = paired_seeds_difference([sft["domain"]], [base["domain"]], n_boot=4000)
         negative, positive = flips_vs_base(base, sft, self.general)
@@ -240,8 +241,8 @@ class E2:
 
     def run_test(self) -> dict:
         """Every arm x chosen lr x seed on test (after the dev choices), the report and the trade-off plot."""
-        from ..utils.progress import progress_bar
-        from ..utils.sweeps import machine_info
+        from adaptguard.utils.progress import progress_bar
+        from adaptguard.utils.sweeps import machine_info
 
         choices = self.dev_stage()
         report = {"config": dataclasses.asdict(self.cfg), "machine": machine_info(), "dev_choices": choices}
@@ -274,7 +275,7 @@ def summarise(base: dict[str, list[bool]], runs: dict[tuple[str, float], list[di
     """Per arm and lr: domain / general accuracy (mean over seeds, bootstrap CI over items with their seeds), general
     NFR / PFR vs the base; per lr, TALR − SFT and DFT − SFT item-paired differences with CIs and per-seed McNemar,
     and the registered verdicts (H1: general NFR; H2: the trade-off)."""
-    from ..compat.metrics import bootstrap_mean_ci, paired_seeds_difference
+    from adaptguard.compat.metrics import bootstrap_mean_ci, paired_seeds_difference
 
     def correct(seeds, task=None):  # (S, N) correctness on the domain or on the general items concatenated
         tasks = [task] if task else general
@@ -323,7 +324,7 @@ def tradeoff_verdict(h1: str, domain_ci: tuple[float, float], margin: float) -> 
 
 def plot(report: dict, path: Path, title: str | None = None) -> None:
     """Domain vs general accuracy of every arm x lr (95 % bootstrap CIs as bars) and the base model."""
-    from .common import tradeoff_plot
+    from adaptguard.demo.tradeoff import tradeoff_plot
 
     runs = [{"method": r["arm"], "learning_rate": r["lr"], "domain": r["domain_acc"], "general": r["general_acc"],
              "domain_bar": r["domain_ci"], "general_bar": r["general_ci"]} for r in report["arms"]]

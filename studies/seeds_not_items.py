@@ -26,9 +26,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..utils.quiet import hide_unused_library_noise
-from ..utils.store import export_records
-from ..utils.sweeps import machine_info
+from adaptguard.utils.quiet import hide_unused_library_noise
+from adaptguard.utils.store import export_records
+from adaptguard.utils.sweeps import machine_info
+
 from .recipes_vs_control import E3, E3Config
 
 E3_RECORDS = Path("docs/results/e3_records")
@@ -151,7 +152,7 @@ def e1_rule(lo: float, hi: float) -> str:
 def decide_family(comparisons: list[dict], q: float = Q) -> float:
     """BH at `q` over the family's two-sided p-values; each comparison gains `p_bh`, `selected`, the FCR-adjusted
     `level` and its `adjusted_ci`, and `mde` at that level. Returns the level."""
-    from ..compat.replicates import benjamini_hochberg, fcr_level, min_detectable_effect, t_interval
+    from adaptguard.compat.replicates import benjamini_hochberg, fcr_level, min_detectable_effect, t_interval
 
     selected, adjusted = benjamini_hochberg([c["p_value"] for c in comparisons], q)
     level = fcr_level(q, sum(selected), len(comparisons))
@@ -164,7 +165,7 @@ def decide_family(comparisons: list[dict], q: float = Q) -> float:
 def _secondary(family: list[dict], rule=None) -> dict[int, str]:
     """The verdicts the library's moment estimator (`compat.replicates.crossed_variance`) gives the same family
     (BH and FCR-adjusted intervals as the registered one): reported beside the registered verdict."""
-    from ..compat.replicates import benjamini_hochberg, fcr_level, t_interval
+    from adaptguard.compat.replicates import benjamini_hochberg, fcr_level, t_interval
 
     selected, _ = benjamini_hochberg([c["moments"]["p_value"] for c in family], Q)
     level = fcr_level(Q, sum(selected), len(family))
@@ -184,8 +185,8 @@ def e3_reanalysis(roots: list[Path], seeds: range = range(8)) -> dict:
     """E3's 12 recipe − control comparisons (4 recipes × 3 updates) at run level, over every seed stored for both."""
     import numpy as np
 
-    from ..compat.metrics import flip_indicators
-    from ..compat.replicates import paired_runs_difference
+    from adaptguard.compat.metrics import flip_indicators
+    from adaptguard.compat.replicates import paired_runs_difference
 
     choices = json.loads((E3_RECORDS / "e3" / "dev_choices.json").read_text())
     registered = json.loads((E3_RECORDS / "e3" / "report.json").read_text())["updates"]
@@ -241,7 +242,7 @@ def _general_rows() -> dict[str, list[dict]]:
 def churn_tasks(base: dict[str, list[bool]], rows: dict[str, list[dict]], alpha: float = Q) -> dict[str, dict]:
     """Per general task: the base model's test accuracy, chance (`replicates.chance_rate`) and the exact one-sided
     test of "above chance"; `churn` where it fails."""
-    from ..compat.replicates import above_chance_p, chance_rate
+    from adaptguard.compat.replicates import above_chance_p, chance_rate
 
     out = {}
     for task, correct in base.items():
@@ -258,8 +259,8 @@ def e4_reanalysis(records: Path = E4_RECORDS) -> dict:
     comparison); domain Δ accuracy; H1/H2 by E4's rules; per-task general flips; the trivial domain baselines."""
     import numpy as np
 
-    from ..compat.metrics import flip_indicators
-    from ..compat.replicates import paired_runs_difference
+    from adaptguard.compat.metrics import flip_indicators
+    from adaptguard.compat.replicates import paired_runs_difference
 
     test = records / "scores" / "test"
     base = json.loads((test / "general" / "base" / "scores.json").read_text())
@@ -314,7 +315,8 @@ def e4_domain_baselines(arms: dict) -> dict:
 
     import numpy as np
 
-    from ..data.medcalc import is_correct, medcalc_splits
+    from adaptguard.data.medcalc import is_correct, medcalc_splits
+
     from .talr_worked_answers import E4Config, calculators
 
     c = E4Config()
@@ -338,7 +340,7 @@ def e2_reanalysis(report: Path = E2_REPORT) -> dict:
     differences, BH over the 4 comparisons (TALR, DFT − SFT at each learning rate)."""
     import numpy as np
 
-    from ..compat.replicates import t_sf
+    from adaptguard.compat.replicates import t_sf
 
     data = json.loads(report.read_text())
     arms = {(a["arm"], a["lr"]): [s["general_nfr"] for s in a["per_seed"]] for a in data["arms"]}
@@ -457,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     hide_unused_library_noise()
     (cli,) = HfArgumentParser(Cli).parse_args_into_dataclasses(argv)
     if cli.stage == "report":
-        from ..utils.files import atomic_write_text
+        from adaptguard.utils.files import atomic_write_text
 
         result = report([E3_RECORDS, E5_RECORDS])
         atomic_write_text(Path("docs/results/e5_report.json"), json.dumps(result, indent=2, default=float))

@@ -29,10 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils.files import atomic_write_text
-from ..utils.quiet import hide_unused_library_noise
-from ..utils.store import export_records
-from ..utils.sweeps import machine_line, write_report
+from adaptguard.utils.files import atomic_write_text
+from adaptguard.utils.quiet import hide_unused_library_noise
+from adaptguard.utils.store import export_records
+from adaptguard.utils.sweeps import machine_line, write_report
+
 from .common import task_rows, training_rows, verdict
 from .real_update import E1, MIX_TASKS, E1Config, _args, _key, load_base
 
@@ -109,7 +110,7 @@ class GenerativeE1(E1):
         return super().update_base(update, setting)
 
     def scores(self, name: str, settings: dict, split: str, model_fn) -> list[bool]:
-        from ..utils.generation import exact_match, generate_answers
+        from adaptguard.utils.generation import exact_match, generate_answers
 
         def make(tmp: Path):
             rows = [{"prompt": r["input"], "completion": r["choices"][0]} for r in self.rows[split]]
@@ -131,7 +132,7 @@ def generative_rows(spec: str) -> list[dict]:
     if spec.endswith(".jsonl"):
         rows = task_rows(spec, "generative_tasks")
     else:
-        from ..data.bigbench import load_generative_task
+        from adaptguard.data.bigbench import load_generative_task
 
         rows = load_generative_task(spec.removeprefix("bigbench:"))
     return [{"input": r["input"], "choices": [r["target"]], "label": 0} for r in rows]
@@ -150,7 +151,7 @@ def arm_summary(v1: list[bool], arms: dict[str, list[list[bool]]], seed: int = 0
     Δ NFR and Δ accuracy item-paired (an item's seeds resampled together), per-seed McNemar on the negative flips,
     the registered verdict, and whether the arm "helps beyond retraining" (reproduced and the Δ accuracy CI above
     −2 points)."""
-    from ..compat.metrics import flip_indicators, paired_seeds_difference
+    from adaptguard.compat.metrics import flip_indicators, paired_seeds_difference
 
     out = {}
     negative = {a: [flip_indicators(v1, s)["nfr"] for s in runs] for a, runs in arms.items()}
@@ -203,7 +204,7 @@ class E3:
         before the split (amendment 2026-11-26, docs/preregistration.md § E3)."""
         from transformers import AutoTokenizer
 
-        from ..models.embedded import resolve_model
+        from adaptguard.models.embedded import resolve_model
 
         if self._tokenizer is None:
             self._tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model))
@@ -332,12 +333,12 @@ class E3:
         from peft import PeftModel
         from transformers import PrinterCallback, set_seed
 
-        from ..muscle.config import MUSCLEConfig
-        from ..muscle.trainer import MUSCLETrainer
-        from ..talr.config import TALRConfig
-        from ..talr.trainer import TALRTrainer
-        from ..update.pick import SaveAtEpochs
-        from ..utils.progress import TrainingProgress
+        from adaptguard.muscle.config import MUSCLEConfig
+        from adaptguard.muscle.trainer import MUSCLETrainer
+        from adaptguard.talr.config import TALRConfig
+        from adaptguard.talr.trainer import TALRTrainer
+        from adaptguard.update.pick import SaveAtEpochs
+        from adaptguard.utils.progress import TrainingProgress
 
         path, quant, _ = e.update_base(kind, setting)
         v2_adapter = e.v2_adapter(kind, setting)
@@ -381,8 +382,8 @@ class E3:
     def dev_update(self, name: str) -> dict:
         """Every arm's grid on dev (seed 0) and each arm's setting by the rule; stored in `dev_choices.json` (frozen:
         a re-run returns the stored entry)."""
-        from ..compat.metrics import flip_metrics
-        from ..update.candidates import pick_setting
+        from adaptguard.compat.metrics import flip_metrics
+        from adaptguard.update.candidates import pick_setting
 
         done = json.loads(self.choices_path.read_text()) if self.choices_path.exists() else {}
         if name in done:
@@ -416,7 +417,7 @@ class E3:
     def test_update(self, name: str) -> dict:
         """The update's dev choices (first), then on test: every arm's chosen setting over the seeds against the
         control, and seed 0's whole grid."""
-        from ..compat.metrics import bootstrap_mean_ci, flip_indicators
+        from adaptguard.compat.metrics import bootstrap_mean_ci, flip_indicators
 
         entry = self.dev_update(name)
         e, kind, setting, _ = self.update(name)
@@ -440,7 +441,7 @@ class E3:
                 "arms": arm_summary(v1, arms, seed=seed0), "test_grid_seed0": grid, "n_test": len(v1)}
 
     def run(self, stage: str) -> dict:
-        from ..utils.sweeps import machine_info
+        from adaptguard.utils.sweeps import machine_info
 
         if stage == "dev":
             return {name: self.dev_update(name) for name in self.cfg.updates}
@@ -487,7 +488,7 @@ def markdown(report: dict) -> str:
 def plot(report: dict, path: Path) -> None:
     """Per update: test accuracy vs NFR against v1 of every arm's whole grid (seed 0; bars: 95 % bootstrap CIs over
     items) and each arm's chosen setting over the seeds (large marker)."""
-    from ..utils.figures import new_figure, save_figure
+    from adaptguard.utils.figures import new_figure, save_figure
 
     updates = list(report["updates"].values())
     fig = new_figure(figsize=(4.6 * len(updates), 4.2))

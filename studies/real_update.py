@@ -27,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils.files import atomic_write_text
-from ..utils.quiet import hide_unused_library_noise, note_4bit_kernel
-from ..utils.store import Store
-from ..utils.sweeps import machine_line, write_report
+from adaptguard.utils.files import atomic_write_text
+from adaptguard.utils.quiet import hide_unused_library_noise, note_4bit_kernel
+from adaptguard.utils.store import Store
+from adaptguard.utils.sweeps import machine_line, write_report
+
 from .common import nfr, score, seeded_order, store_model_name, task_rows, training_rows, verdict
 
 ARMS = {"compat": "student_wrong", "ll_l": "old_likelier_token", "old_only": "old_only", "control": None}
@@ -94,14 +95,14 @@ def load_rows(cfg: E1Config) -> dict[str, list[dict]]:
 def _peft_config(cfg: E1Config, model):
     from peft import LoraConfig
 
-    from ..utils.lora import default_lora_targets
+    from adaptguard.utils.lora import default_lora_targets
 
     return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=default_lora_targets(model),
                       task_type="CAUSAL_LM")
 
 
 def _args(cfg: E1Config, out: Path, seed: int, lr: float, **kw) -> dict:
-    from ..trl_adapter import no_activation_checkpointing
+    from adaptguard.trl_adapter import no_activation_checkpointing
 
     return dict(output_dir=str(out / "run"), per_device_train_batch_size=cfg.batch_size, num_train_epochs=1,
                 learning_rate=lr, lr_scheduler_type="constant", max_length=cfg.max_length, seed=seed, bf16=False,
@@ -135,10 +136,10 @@ def train_adapter(cfg: E1Config, base, tokenizer, rows, out: Path, seed: int, lr
     from peft import PeftModel
     from transformers import PrinterCallback, set_seed
 
-    from ..muscle.config import MUSCLEConfig
-    from ..muscle.trainer import MUSCLETrainer
-    from ..talr.config import TALRConfig
-    from ..talr.trainer import TALRTrainer
+    from adaptguard.muscle.config import MUSCLEConfig
+    from adaptguard.muscle.trainer import MUSCLETrainer
+    from adaptguard.talr.config import TALRConfig
+    from adaptguard.talr.trainer import TALRTrainer
 
     set_seed(seed)  # the same fresh init and data order in every arm of a seed
     peft_config = None
@@ -166,9 +167,9 @@ def continued_base(cfg: E1Config, v1_path: str, tokenizer, mix: list[dict], out:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PrinterCallback, set_seed
 
-    from ..talr.config import TALRConfig
-    from ..talr.trainer import TALRTrainer
-    from ..utils.progress import TrainingProgress
+    from adaptguard.talr.config import TALRConfig
+    from adaptguard.talr.trainer import TALRTrainer
+    from adaptguard.utils.progress import TrainingProgress
 
     set_seed(0)
     args = _args(cfg, out, 0, lr, weighting="none")
@@ -188,7 +189,7 @@ class E1:
     def __init__(self, cfg: E1Config, say=print):
         from transformers import AutoTokenizer
 
-        from ..models.embedded import resolve_model
+        from adaptguard.models.embedded import resolve_model
 
         self.cfg, self.say = cfg, say
         self.root = Path(cfg.out)
@@ -264,7 +265,7 @@ class E1:
         raise ValueError(f"updates: unknown update {update!r}; known: quantized, continued")
 
     def _mix(self) -> list[dict]:
-        from ..data.bigbench import load_tasks
+        from adaptguard.data.bigbench import load_tasks
 
         files = [n for n in self.cfg.mix_tasks if n.endswith(".jsonl")]
         sources = {n: [json.loads(x) for x in Path(n).read_text().splitlines() if x.strip()] for n in files}
@@ -366,7 +367,7 @@ class E1:
 
     def run_test(self) -> dict:
         """Every registered arm x seed on test for each update that regresses on dev; the report."""
-        from ..utils.sweeps import machine_info
+        from adaptguard.utils.sweeps import machine_info
 
         report = {"config": dataclasses.asdict(self.cfg), "machine": machine_info(), "updates": {}}
         self.dev_stage()  # every dev choice first, in the registered order
@@ -391,7 +392,7 @@ def summarise(v1: list[bool], v2: list[bool], arms: dict[str, list[list[bool]]],
     """Per arm: accuracy, NFR, PFR (mean over seeds); against the control, the item-paired ΔNFR averaged over seeds
     with a bootstrap CI over items (an item's seeds resampled together), per-seed McNemar p, and the registered
     verdict."""
-    from ..compat.metrics import flip_metrics, paired_seeds_difference
+    from adaptguard.compat.metrics import flip_metrics, paired_seeds_difference
 
     old = np.asarray(v1, dtype=bool)
     out = {"v2": {k: v for k, v in flip_metrics(old, v2, seed=seed).items()}}

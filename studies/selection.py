@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils.files import atomic_write_text
+from adaptguard.utils.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class ExperimentConfig:
         bad = [t for t in self.targets if t not in GRID]
         if bad:
             raise ValueError(f"targets {bad} are not grid tasks; valid: {', '.join(GRID)}")
-        from ..tasks.compose import SIMPLE_TASKS
+        from adaptguard.tasks.compose import SIMPLE_TASKS
 
         bad = [d for d in self.distractors if d not in SIMPLE_TASKS]
         if bad:
@@ -119,7 +119,7 @@ QUICK = ExperimentConfig(targets=("opposite/io",), n_random=2, include_all=False
 # ------------------------------------------------------------------------------------------ tasks
 def skill_pairs(skill: str, spec=None) -> list[tuple[str, str]]:
     """(question, answer) pairs of one skill the embedded model learned in pretraining."""
-    from ..models.embedded import ANTONYMS, EMBEDDED_MODELS, world_facts
+    from adaptguard.models.embedded import ANTONYMS, EMBEDDED_MODELS, world_facts
 
     if skill == "capital":
         return [(f"capital of {country}", city) for country, city in world_facts(spec or EMBEDDED_MODELS["tiny"])]
@@ -146,7 +146,7 @@ def task_rows(name: str, seed: int = 0) -> list[dict[str, str]]:
     if "/" in name:
         skill, fmt = name.split("/", 1)
         return [render(q, a, fmt) for q, a in skill_pairs(skill)]
-    from ..tasks.compose import generate
+    from adaptguard.tasks.compose import generate
 
     return [render(item["input"], item["output"], "io") for item in generate(name, _N_DISTRACTOR_ROWS, seed)]
 
@@ -191,7 +191,7 @@ def embed_pool(pool: Mapping[str, Sequence[dict]], model: str | Path, n_embed: i
                batch_size: int = 64) -> dict[str, np.ndarray]:
     """name → (m, d) mean-pooled embeddings by `model` of up to m = `n_embed` prompts per task (a seeded
     sample). Prompts only: like the paper's φ(x), selection sees the inputs, never the answers."""
-    from ..selection.embedders import mean_pooled
+    from adaptguard.selection.embedders import mean_pooled
 
     texts = {}
     for name, rows in pool.items():
@@ -207,7 +207,7 @@ def selections(target: np.ndarray, candidates: Mapping[str, np.ndarray], p: floa
     """method → list of `SelectionResult` for target embeddings (n₀, d) and candidates name → (nᵢ, d):
     one result for ``full`` and ``no_diversity``, one per seed `seed`..`seed + n_random − 1` for
     ``no_consistency`` and ``random`` (at the size ``full`` selects)."""
-    from ..selection.coverage import select_tasks
+    from adaptguard.selection.coverage import select_tasks
 
     seeds = [seed + i for i in range(n_random)]
     return {"full": [select_tasks(target, candidates, p, method="full")],
@@ -222,9 +222,9 @@ def finetune(model_path: str | Path, rows: Sequence[dict], cfg: ExperimentConfig
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
-    from ..talr.config import TALRConfig
-    from ..talr.trainer import TALRTrainer
-    from ..trl_adapter import no_activation_checkpointing
+    from adaptguard.talr.config import TALRConfig
+    from adaptguard.talr.trainer import TALRTrainer
+    from adaptguard.trl_adapter import no_activation_checkpointing
 
     args = TALRConfig(output_dir=str(work), weighting="none", learning_rate=cfg.learning_rate,
                       num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size, max_length=64,
@@ -240,8 +240,8 @@ def finetune(model_path: str | Path, rows: Sequence[dict], cfg: ExperimentConfig
 
 def score(model, tokenizer, rows: Sequence[dict], max_new_tokens: int = 8) -> dict:
     """Greedy zero-shot exact match and word-level exact match (paper 001 §9.1.2) of `rows`, in [0, 1]."""
-    from ..tasks.compose import exact_match, word_exact_match
-    from ..utils.generation import generate_answers
+    from adaptguard.tasks.compose import exact_match, word_exact_match
+    from adaptguard.utils.generation import generate_answers
 
     preds = generate_answers(model, tokenizer, list(rows), max_new_tokens=max_new_tokens, batch_size=64)
     truths = [r["completion"].strip() for r in rows]
@@ -269,8 +269,8 @@ def run_selection_experiment(out_dir: str | Path, *, quick: bool = False, seed: 
     import transformers
     from transformers import AutoTokenizer
 
-    from ..models.embedded import embedded_model_path
-    from ..selection.jobs import write_mixture
+    from adaptguard.models.embedded import embedded_model_path
+    from adaptguard.selection.jobs import write_mixture
 
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
