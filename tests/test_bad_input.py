@@ -29,9 +29,10 @@ def test_muscle_config_refuses_non_finite(tmp_path, field):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["drift", "corrupt", "d.jsonl", "--r", "nan", "--out", "o.jsonl"], "--r: expected a finite number, got 'nan'"),
+    (["drift", "corrupt", "d.jsonl", "--similarity", "nan", "--out", "o.jsonl"],
+     "--similarity: expected a finite number, got 'nan'"),
     (["drift", "bound", "--delta", "inf"], "--delta: expected a finite number, got 'inf'"),
-    (["select", "--target", "t.jsonl", "--candidates", "c.jsonl", "--p", "x"], "--p: expected a number, got 'x'"),
+    (["select", "--target", "t.jsonl", "--candidates", "c.jsonl", "--min-gain", "x"], "--min-gain: expected a number, got 'x'"),
 ])
 def test_cli_numbers_refuse_nan_inf_and_text(tmp_path, args, message):
     proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", *args], capture_output=True, text=True, timeout=300,
@@ -97,12 +98,12 @@ def cli(*args, cwd=None):
      "dataset: nosuch.jsonl: no such file or directory"),
     (["cache-logits", "--old-model", "/nonexistent", "--dataset", "d.jsonl", "--out", "c"],
      "--old-model: /nonexistent: no such file or directory"),
-    (["drift", "corrupt", "d.jsonl", "--r", "0.5", "--tokenizer", "./no/tok", "--out", "o.jsonl"],
+    (["drift", "corrupt", "d.jsonl", "--similarity", "0.5", "--tokenizer", "./no/tok", "--out", "o.jsonl"],
      "model: ./no/tok: no such file or directory"),
-    (["compare", "old", "new", "--n-boot", "0"], "--n-boot/--n_boot: expected a positive integer, got '0'"),
-    (["compare", "old", "new", "--n-boot", "-5"], "--n-boot/--n_boot: expected a positive integer, got '-5'"),
+    (["compare", "old", "new", "--n-boot", "0"], "--n-boot: expected a positive integer, got '0'"),
+    (["compare", "old", "new", "--n-boot", "-5"], "--n-boot: expected a positive integer, got '-5'"),
     (["cache-logits", "--old-model", "m", "--dataset", "d", "--out", "c", "--batch-size", "0"],
-     "--batch-size/--batch_size: expected a positive integer, got '0'"),
+     "--batch-size: expected a positive integer, got '0'"),
     (["compare", "old", "new", "--plot", "flips.xyz"], "--plot: flips.xyz: unsupported figure type 'xyz'"),
 ])
 def test_cli_messages_name_the_argument(tmp_path, args, message):

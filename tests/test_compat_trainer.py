@@ -238,7 +238,7 @@ def test_cache_with_full_vocabulary_equals_online_teacher(embedded_path, update,
     ROWS_FILE.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "cache-logits", "--old-model",
                            str(update / "v1_task"), "--tokenizer", str(embedded_path), "--dataset", str(ROWS_FILE),
-                           "--out", str(cache), "--k", str(vocab)], capture_output=True, text=True, timeout=600)
+                           "--out", str(cache), "--top-k", str(vocab)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((cache / "cache.json").read_text())["rows"] == len(ROWS)
 

@@ -17,7 +17,7 @@ def test_drift_bound_prints_the_maximiser_below_half_and_writes_the_plot(tmp_pat
     from adaptguard.drift.theory import theorem_a2_argmax
 
     out = tmp_path / "bound.png"
-    assert main(["drift", "bound", "--n", "200", "--d", "16", "--mu-l", "0.1", "--out", str(out)]) == 0
+    assert main(["drift", "bound", "--samples", "200", "--length", "16", "--mu-l", "0.1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     expected = theorem_a2_argmax(n=200, d=16, alpha_i=0.1408, alpha_j=0.8592, delta=0.2, k_mis=1.0,
                                  lambda_l=0.5, mu_l=0.1)
@@ -38,7 +38,7 @@ def test_drift_corrupt_keeps_about_r_of_the_tokens(tmp_path, embedded_path, caps
     rows = [{"text": f"the capital of country {i} is city {i * 7} and the opposite of hot is cold ."} for i in range(40)]
     data = write_jsonl(tmp_path / "data.jsonl", rows)
     out = tmp_path / "corrupt.jsonl"
-    assert main(["drift", "corrupt", str(data), "--r", "0.5", "--tokenizer", str(embedded_path), "--length", "64",
+    assert main(["drift", "corrupt", str(data), "--similarity", "0.5", "--tokenizer", str(embedded_path), "--length", "64",
                  "--out", str(out)]) == 0
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(written) == 40
@@ -54,7 +54,7 @@ def test_drift_corrupt_keeps_about_r_of_the_tokens(tmp_path, embedded_path, caps
 def test_drift_corrupt_bad_r_exits_2_without_output(tmp_path, embedded_path, capsys):
     data = write_jsonl(tmp_path / "data.jsonl", [{"text": "a b c"}, {"text": "d e f"}])
     out = tmp_path / "corrupt.jsonl"
-    assert main(["drift", "corrupt", str(data), "--r", "1.5", "--tokenizer", str(embedded_path),
+    assert main(["drift", "corrupt", str(data), "--similarity", "1.5", "--tokenizer", str(embedded_path),
                  "--out", str(out)]) == 2
     assert "r" in capsys.readouterr().err and not out.exists()
 

@@ -27,7 +27,7 @@ def cli(*args):
 
 
 @pytest.mark.parametrize("command", [
-    lambda data, out: ["drift", "corrupt", data, "--r", "0.5", "--out", out],       # the reproduction
+    lambda data, out: ["drift", "corrupt", data, "--similarity", "0.5", "--out", out],       # the reproduction
     lambda data, out: ["drift", "styles", data, "--style", "answer", "--out", out],
     lambda data, out: ["select", "--target", data, "--candidates", data, "--model", "/nonexistent", "--out", out],
     lambda data, out: ["cache-logits", "--old-model", "/nonexistent", "--dataset", data, "--out", out],

@@ -195,7 +195,7 @@ def test_muscle_under_fsdp2_gives_the_big_batch_update(embedded_path, update, tm
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "cache-logits", "--old-model", str(update / "v1_task"),
-                           "--tokenizer", str(embedded_path), "--dataset", str(rows), "--out", str(cache), "--k", "16"],
+                           "--tokenizer", str(embedded_path), "--dataset", str(rows), "--out", str(cache), "--top-k", "16"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     variants = {"tiled": {}, "logits": {"loss_implementation": "logits"}, "cached": {"old_logits_cache": str(cache)}}

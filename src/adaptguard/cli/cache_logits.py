@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import finite_float, positive_int, torch_dtype
+from .common import add_command, finite_float, positive_int, torch_dtype
 
 CACHE_LOGITS_EXAMPLE = (
     "example: "
@@ -49,7 +49,7 @@ def _cache_logits(ns: argparse.Namespace) -> int:
         tokenizer,
         load_any_dataset(ns.dataset, ns.split),
         ns.out,
-        k=ns.k,
+        k=ns.top_k,
         max_length=ns.max_length,
         batch_size=ns.batch_size,
         model_name=ns.old_model,
@@ -62,7 +62,8 @@ def _cache_logits(ns: argparse.Namespace) -> int:
 
 
 def add(sub) -> None:
-    cache = sub.add_parser(
+    cache = add_command(
+        sub,
         "cache-logits",
         epilog=CACHE_LOGITS_EXAMPLE,
         help="Read the old model once into a cache MUSCLETrainer trains from (top-k, or exact teacher vectors).",
@@ -81,7 +82,7 @@ def add(sub) -> None:
     )
     cache.add_argument("--split", default="train", help="dataset split (default train)")
     cache.add_argument("--out", required=True, help="cache directory to write")
-    cache.add_argument("--k", type=positive_int, default=64, help="top-k log-probabilities kept per token (default 64)")
+    cache.add_argument("--top-k", type=positive_int, default=64, help="top-k log-probabilities kept per token (default 64)")
     cache.add_argument("--max-length", type=positive_int, default=1024, help="must equal the trainer's max_length")
     cache.add_argument("--batch-size", type=positive_int, default=8, help="rows per forward pass (default 8)")
     cache.add_argument(

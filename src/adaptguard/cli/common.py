@@ -1,5 +1,5 @@
-"""What every command shares: argument types, the parser that also answers to `--dash_option`, and the
-default model."""
+"""What the commands share: argument types, the default model, the embedding options, `embedded:`/`built:` names in
+`--model_args`."""
 
 from __future__ import annotations
 
@@ -40,49 +40,9 @@ def significance(text: str) -> float | None:
     return value
 
 
-class _HideAliases(argparse.HelpFormatter):
-    """Help that shows `--dash-option` and not its `--dash_option` twin (an alias kept for lm-eval/TRL habits)."""
-
-    def _format_action_invocation(self, action):
-        import copy
-
-        strings = action.option_strings
-        shown = [o for o in strings if not (o.startswith("--") and "_" in o and o.replace("_", "-") in strings)]
-        if shown != strings:
-            action = copy.copy(action)
-            action.option_strings = shown
-        return super()._format_action_invocation(action)
-
-
-class _HideAliasesRaw(_HideAliases, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with lm-eval/TRL habits: every `--dash-option` also answers to `--dash_option` (not shown in the
-    help), and a subcommand's page shows its one-line help as its description."""
-
-    def __init__(self, *args, **kwargs):
-        if kwargs.get("formatter_class") in (None, argparse.HelpFormatter):
-            kwargs["formatter_class"] = _HideAliases
-        elif kwargs["formatter_class"] is argparse.RawDescriptionHelpFormatter:
-            kwargs["formatter_class"] = _HideAliasesRaw
-        super().__init__(*args, **kwargs)
-
-    def add_argument(self, *names, **kwargs):
-        aliases = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]]
-        return super().add_argument(*names, *[a for a in aliases if a not in names], **kwargs)
-
-    def add_subparsers(self, **kwargs):
-        action = super().add_subparsers(**kwargs)
-        add_parser = action.add_parser
-
-        def add_with_description(name, **kw):
-            kw.setdefault("description", kw.get("help"))
-            return add_parser(name, **kw)
-
-        action.add_parser = add_with_description
-        return action
+def add_command(sub, name: str, help: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose own page (`adaptguard NAME --help`) opens with the one line the command list shows."""
+    return sub.add_parser(name, help=help, description=help, **kwargs)
 
 
 def _default_model(name: str | None) -> str:
@@ -117,3 +77,13 @@ def add_embedding_options(parser) -> None:
     parser.add_argument("--split", default="train", help="dataset split (default train)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the row sample and ablations (default 0)")
     parser.add_argument("--device", default="cpu", help="torch device for the embedder (default cpu)")
+
+
+def resolve_model_names(arg: str) -> str:
+    """`--model_args pretrained=built:smollm2,...`: each `embedded:<name>` or `built:<name>` value becomes that
+    model's local path."""
+    import re
+
+    from ..models.embedded import resolve_model
+
+    return re.sub(r"(?<==)(?:embedded|built):[\w-]+", lambda m: resolve_model(m.group(0)), arg)

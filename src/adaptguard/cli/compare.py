@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import DEFAULT_ALPHA, positive_int, significance
+from .common import DEFAULT_ALPHA, add_command, positive_int, significance
 
 COMPARE_EXAMPLE = "example: " + "adaptguard compare runs/old runs/new --fail-on 'nfr>2%' --html report.html"
 
@@ -138,7 +138,8 @@ def _threshold(text: str):
 
 
 def add(sub) -> None:
-    cmp = sub.add_parser(
+    cmp = add_command(
+        sub,
         "compare",
         epilog=COMPARE_EXAMPLE,
         help="Compare two runs of an eval harness: what the update broke, item by item, and a gate for CI.",

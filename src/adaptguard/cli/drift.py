@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import _default_model, add_embedding_options, finite_float, positive_int
+from .common import _default_model, add_command, add_embedding_options, finite_float, positive_int
 
 DRIFT_EXAMPLE = "example: " + "adaptguard drift risk --finetune new_data.jsonl --keep old_task.jsonl"
 BOUND_EXAMPLE = "example: " + "adaptguard drift bound --out bound.png"
 EXPERIMENT_EXAMPLE = "example: " + "adaptguard drift experiment --quick --out drift-out"
-CORRUPT_EXAMPLE = "example: " + "adaptguard drift corrupt data.jsonl --r 0.5 --out half-similar.jsonl"
+CORRUPT_EXAMPLE = "example: " + "adaptguard drift corrupt data.jsonl --similarity 0.5 --out half-similar.jsonl"
 STYLES_EXAMPLE = "example: " + "adaptguard drift styles qa.jsonl --style question_answer --out qa-styled.jsonl"
 RISK_EXAMPLE = "example: " + "adaptguard drift risk --finetune new_data.jsonl --keep old_task.jsonl --json risk.json"
 
@@ -23,7 +23,8 @@ def _drift_bound(ns: argparse.Namespace) -> int:
     from ..drift.theory import theorem_a2_argmax, theorem_a2_curve
 
     params = dict(
-        n=ns.n, d=ns.d, alpha_i=ns.alpha_i, alpha_j=ns.alpha_j, delta=ns.delta, k_mis=ns.k_mis, lambda_l=ns.lambda_l, mu_l=ns.mu_l
+        n=ns.samples, d=ns.length, alpha_i=ns.alpha_i, alpha_j=ns.alpha_j, delta=ns.delta, k_mis=ns.k_mis,
+        lambda_l=ns.lambda_l, mu_l=ns.mu_l,
     )
     if ns.points < 2:
         raise ValueError(f"--points must be at least 2, got {ns.points}")
@@ -67,7 +68,7 @@ def _drift_corrupt(ns: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(_default_model(ns.tokenizer), trust_remote_code=False)
     data = corrupt_to_similarity(
         load_any_dataset(ns.dataset, ns.split),
-        ns.r,
+        ns.similarity,
         tokenizer,
         n_strings=ns.n_strings,
         length=ns.length,
@@ -75,7 +76,7 @@ def _drift_corrupt(ns: argparse.Namespace) -> int:
         text_column=ns.text_column,
     )
     write_dataset(data, ns.out)
-    print(f"{len(data)} rows at similarity r = {ns.r} (kept fraction {kept_fraction(data):.4f}) -> {ns.out}")
+    print(f"{len(data)} rows at similarity r = {ns.similarity} (kept fraction {kept_fraction(data):.4f}) -> {ns.out}")
     return 0
 
 
@@ -129,21 +130,23 @@ def _drift_risk(ns: argparse.Namespace) -> int:
 
 
 def add(sub) -> None:
-    drift = sub.add_parser(
+    drift = add_command(
+        sub,
         "drift",
         epilog=DRIFT_EXAMPLE,
         help="Measure task-similarity drift: the bound, the synthetic experiment, corruption, prompt styles, risk.",
     )
     dsub = drift.add_subparsers(dest="drift_command", required=True)
-    bound = dsub.add_parser(
+    bound = add_command(
+        dsub,
         "bound",
         epilog=BOUND_EXAMPLE,
         help="Print where the lower bound on drift peaks as the data's similarity r varies, and plot the bound.",
     )
     # defaults: the paper's synthetic setting (d = L = 64, delta = 0.2, n0 = 100000, n1 = 16384); lambda, mu are free
     for flag, kind, default in (
-        ("--n", int, 116384),
-        ("--d", int, 64),
+        ("--samples", int, 116384),  # n = n0 + n1
+        ("--length", int, 64),  # d = L, the bit strings' length
         ("--alpha-i", finite_float, 0.1408),
         ("--alpha-j", finite_float, 0.8592),
         ("--delta", finite_float, 0.2),
@@ -155,7 +158,8 @@ def add(sub) -> None:
         bound.add_argument(flag, type=kind, default=default, help=f"default {default}")
     bound.add_argument("--out", default="theorem_a2.png", help="PNG to write")
     bound.set_defaults(func=_drift_bound, command="drift bound")
-    exp = dsub.add_parser(
+    exp = add_command(
+        dsub,
         "experiment",
         epilog=EXPERIMENT_EXAMPLE,
         help="The synthetic experiment: train small GPT-2s on a base bit string plus data of similarity r, "
@@ -166,14 +170,15 @@ def add(sub) -> None:
     exp.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1: the models are tiny)")
     exp.add_argument("--seeds", type=int, help="repetitions (seeds 0..N-1) per r; default 5, 2 with --quick")
     exp.set_defaults(func=_drift_experiment, command="drift experiment")
-    cor = dsub.add_parser(
+    cor = add_command(
+        dsub,
         "corrupt",
         epilog=CORRUPT_EXAMPLE,
         help="Make a dataset of similarity r to the original: a share 1 - r of each row's tokens replaced by random "
         "strings from the data.",
     )
     cor.add_argument("dataset", help="Hub name, save_to_disk dir or .json/.jsonl/.csv/.parquet file")
-    cor.add_argument("--r", type=finite_float, required=True, help="fraction of tokens kept, in [0, 1]")
+    cor.add_argument("--similarity", type=finite_float, required=True, help="r: the fraction of tokens kept, in [0, 1]")
     cor.add_argument("--tokenizer", help="Hub id or path (default: the embedded tiny model's)")
     cor.add_argument("--out", required=True, help=".jsonl file or directory (save_to_disk)")
     cor.add_argument("--text-column", default="text", help="column holding the text (default text)")
@@ -187,7 +192,8 @@ def add(sub) -> None:
     cor.add_argument("--length", type=positive_int, default=2048, help="tokens per random string (default 2048)")
     cor.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     cor.set_defaults(func=_drift_corrupt, command="drift corrupt")
-    sty = dsub.add_parser(
+    sty = add_command(
+        dsub,
         "styles",
         epilog=STYLES_EXAMPLE,
         help="Reformat a question/answer dataset in one of paper 000's prompt styles (--style list prints them).",
@@ -199,7 +205,8 @@ def add(sub) -> None:
     sty.add_argument("--answer-column", default="answer", help="column holding the answer (default answer)")
     sty.add_argument("--split", default="train", help="dataset split (default train)")
     sty.set_defaults(func=_drift_styles, command="drift styles")
-    risk = dsub.add_parser(
+    risk = add_command(
+        dsub,
         "risk",
         epilog=RISK_EXAMPLE,
         help="Similarity of a fine-tuning dataset to each dataset to keep; flags the "

