@@ -46,8 +46,8 @@ def test_third_party_weighting_by_name(focal_installed, tiny, tmp_path):
     from adaptguard.plugins import get_token_weighting
 
     focal = get_token_weighting("focal_loss")
-    with pytest.raises(ValueError, match="weighting 'focal' was renamed focal_loss"):
-        get_token_weighting("focal")  # the old name a user may have typed
+    with pytest.raises(ValueError, match=r"Unknown weighting 'focal'; known weightings: .*focal_loss"):
+        get_token_weighting("focal")  # `focal` is the update recipe (focal distillation), not a weighting
 
     class Args:
         weighting_kwargs = {"gamma": 2.0}

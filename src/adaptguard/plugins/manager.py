@@ -43,14 +43,7 @@ def _named(hook: str, kind: str) -> dict[str, Callable]:
     return _collect(getattr(get_plugin_manager().hook, hook)(), kind)
 
 
-# names that changed before any release: the old name fails, naming the new (a user may have typed it)
-RENAMED = {("weighting", "focal"): "focal_loss (the plugin adaptguard-focal-loss; `focal` is now only the update "
-                                   "recipe, focal distillation)"}
-
-
 def _lookup(known: dict[str, Callable], name: str, kind: str, plural: str) -> Callable:
-    if name not in known and (kind, name) in RENAMED:
-        raise ValueError(f"{kind} {name!r} was renamed {RENAMED[(kind, name)]}")
     if name not in known:
         raise ValueError(f"Unknown {kind} {name!r}; known {plural}: {', '.join(sorted(known))}")
     return known[name]
