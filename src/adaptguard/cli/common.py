@@ -40,12 +40,22 @@ def significance(text: str) -> float | None:
     return value
 
 
+def gate_threshold(text: str):
+    """argparse type: a `--fail-on` threshold (`compat.gate.Threshold`), its error in argparse's words."""
+    from ..compat.gate import GateError, Threshold
+
+    try:
+        return Threshold.parse(text)
+    except GateError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def add_command(sub, name: str, help: str, **kwargs) -> argparse.ArgumentParser:
     """A subcommand whose own page (`adaptguard NAME --help`) opens with the one line the command list shows."""
     return sub.add_parser(name, help=help, description=help, **kwargs)
 
 
-def _default_model(name: str | None) -> str:
+def default_model(name: str | None) -> str:
     """The embedded default when no model is named: every command runs offline. `embedded:<name>` or
     `built:<name>` names one of ours."""
     from ..models.embedded import embedded_model_path, resolve_model

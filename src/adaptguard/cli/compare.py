@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import DEFAULT_ALPHA, add_command, positive_int, significance
+from .common import DEFAULT_ALPHA, add_command, gate_threshold, positive_int, significance
 
 COMPARE_EXAMPLE = "example: " + "adaptguard compare runs/old runs/new --fail-on 'nfr>2%' --html report.html"
 
@@ -128,15 +128,6 @@ def _replicates(arg: str) -> str | list[str]:
     return parts[0] if len(parts) == 1 else parts
 
 
-def _threshold(text: str):
-    from ..compat.gate import GateError, Threshold
-
-    try:
-        return Threshold.parse(text)
-    except GateError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def add(sub) -> None:
     cmp = add_command(
         sub,
@@ -212,7 +203,7 @@ def add(sub) -> None:
     cmp.add_argument(
         "--fail-on",
         action="append",
-        type=_threshold,
+        type=gate_threshold,
         metavar="EXPR",
         help="regression gate, repeatable: [TASKGLOB:]METRIC>VALUE or <VALUE over nfr, excess_nfr, pfr, "
         "inconsistency_flips, btc, old_acc, new_acc, acc_drop, smooth_nfr, ... (rates as 2%% or "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import _default_model, add_command, add_embedding_options, finite_float, positive_int
+from .common import add_command, add_embedding_options, default_model, finite_float, positive_int
 
 DRIFT_EXAMPLE = "example: " + "adaptguard drift risk --finetune new_data.jsonl --keep old_task.jsonl"
 BOUND_EXAMPLE = "example: " + "adaptguard drift bound --out bound.png"
@@ -65,7 +65,7 @@ def _drift_corrupt(ns: argparse.Namespace) -> int:
     from ..utils.files import check_dataset_output, write_dataset
 
     check_dataset_output(ns.out, "--out")  # refuse to replace a user's directory before any work
-    tokenizer = AutoTokenizer.from_pretrained(_default_model(ns.tokenizer), trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(default_model(ns.tokenizer), trust_remote_code=False)
     data = corrupt_to_similarity(
         load_any_dataset(ns.dataset, ns.split),
         ns.similarity,
@@ -110,7 +110,7 @@ def _drift_risk(ns: argparse.Namespace) -> int:
     report = run_drift_risk(
         ns.finetune,
         ns.keep,
-        model=_default_model(ns.model),
+        model=default_model(ns.model),
         embedder=ns.embedder,
         band=(ns.band[0], ns.band[1]),
         max_examples=ns.max_examples,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import DEFAULT_ALPHA, add_command, positive_int, significance
+from .common import DEFAULT_ALPHA, add_command, gate_threshold, positive_int, significance
 
 EVALUATE_EXAMPLE = ("example: adaptguard evaluate runs/old --model hf --model-args pretrained=my-org/model-v2 "
                     "--fail-on 'nfr>2%' --output-path runs/new")
@@ -70,8 +70,6 @@ def _evaluate(ns: argparse.Namespace) -> int:
 
 
 def add(sub) -> None:
-    from .compare import _threshold
-
     ev = add_command(
         sub,
         "evaluate",
@@ -83,7 +81,7 @@ def add(sub) -> None:
     ev.add_argument("--model", default="hf", help="lm-eval model type (default hf)")
     ev.add_argument("--model-args", required=True, help="lm-eval model arguments, e.g. pretrained=my-org/model-v2 "
                     "(built:smollm2 and embedded:<name> resolve to local models)")
-    ev.add_argument("--fail-on", action="append", required=True, type=_threshold, metavar="EXPR",
+    ev.add_argument("--fail-on", action="append", required=True, type=gate_threshold, metavar="EXPR",
                     help="a threshold as in compare, repeatable: nfr, pfr, btc, old_acc, new_acc, acc_drop per task, "
                     "and overall:acc_drop>VALUE")
     ev.add_argument("--output-path", required=True, help="folder for the new model's samples and the record of the "

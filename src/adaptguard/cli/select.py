@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import _default_model, add_command, add_embedding_options, finite_float, positive_int
+from .common import add_command, add_embedding_options, default_model, finite_float, positive_int
 
 SELECT_EXAMPLE = "example: " + "adaptguard select --target target.jsonl --candidates a.jsonl b.jsonl --out mixture.jsonl"
 
@@ -20,7 +20,7 @@ def _select(ns: argparse.Namespace) -> int:
     report = run_select(
         ns.target,
         ns.candidates,
-        model=_default_model(ns.model),
+        model=default_model(ns.model),
         embedder=ns.embedder,
         p=ns.min_gain,
         method=ns.method,
