@@ -37,7 +37,7 @@ def _compare(ns: argparse.Namespace) -> int:
     if ns.fail_on:  # before anything is written: a threshold that cannot apply is bad input (exit 2)
         from ..compat.gate import check_gate
 
-        report["gate"] = check_gate(report, ns.fail_on, ns.significance)
+        report.gate = check_gate(report, ns.fail_on, ns.significance)
     flips = {}
     every = bool(ns.flips_out or ns.html)
     if ns.show_flips or every:  # one pass over the sample files serves all three
@@ -45,10 +45,10 @@ def _compare(ns: argparse.Namespace) -> int:
 
         flips = {
             task: flipped_documents(e, negative_only=not every, limit=None if every else ns.show_flips)
-            for task, e in report["tasks"].items()
+            for task, e in report.tasks.items()
         }
     if ns.show_flips:  # negative flips come first in each task's list
-        report["negative_flips"] = {
+        report.negative_flips = {
             task: [f for f in found if f["kind"] == "negative"][: ns.show_flips] for task, found in flips.items()
         }
     all_flips = [{"task": task, **flip} for task, found in flips.items() for flip in found] if every else None
@@ -68,8 +68,8 @@ def _compare(ns: argparse.Namespace) -> int:
     if ns.fail_on:
         from ..compat.gate import describe, exit_status
 
-        print(describe(report["gate"]), file=sys.stdout if report["gate"]["passed"] and not to_stdout else sys.stderr)
-        return exit_status(report["gate"])
+        print(describe(report.gate), file=sys.stdout if report.gate["passed"] and not to_stdout else sys.stderr)
+        return exit_status(report.gate)
     return 0
 
 

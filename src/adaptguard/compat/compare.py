@@ -10,8 +10,12 @@ Works for any lm-eval task logged with `--log_samples`:
 from __future__ import annotations
 
 import fnmatch
+import json
 import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from ..plugins import get_similarity
 from .decide import across_verdict, churn, flag_regressions, is_churn, pooled_entry
@@ -19,9 +23,100 @@ from .formats import read_runs
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
 from .replicates import chance_rate, items_beyond_noise, replicate_flips
 from .runs import RunError, Sample, TaskRun
-from .sequential import attach, load_record, restrict
+from .sequential import load_record, restrict, sequential_entry
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
+
+
+@dataclass
+class TaskComparison(Mapping[str, Any]):
+    """One task (and filter) compared. `metrics` is its entry in `report.json`, in order: what identifies it (`task`,
+    `filter`, `output_type`, `metric`), the flip metrics, and where they apply `compatible` and the Δ-metrics, the
+    similarity metrics, `replicates`, `items`, `churn`, `sequential`, `regression`. Which keys a task has depends on
+    its kind, so they stay one mapping, read as `entry["nfr"]` (the decisions, `decide`, take any such mapping). The
+    other fields are the per-item data behind them, which the JSON leaves out."""
+
+    metrics: dict[str, Any]
+    samples: tuple[list[Sample], list[Sample]] | None = None  # the first old and new run's samples, in item order
+    correct: tuple[list[float], list[float]] | None = None  # their 0/1 metric per item; None: scored by similarity only
+    runs: tuple[list[list[float]], list[list[float]]] | None = None  # every run's 0/1 per item, per side (first: correct)
+    run_samples: tuple[list[list[Sample]], list[list[Sample]]] | None = None  # every run's samples, with replicates
+    delta: list[float] | None = None  # S(new) − S(old) per item, with --similarity
+
+    def __getitem__(self, key: str) -> Any:
+        return self.metrics[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.metrics)
+
+    def __len__(self) -> int:
+        return len(self.metrics)
+
+    @classmethod
+    def of(cls, entry: Mapping) -> TaskComparison:
+        """`entry` typed: as it is, or a mapping of metrics (a `report.json` entry, or one built by hand, where
+        `_correct` holds the old and new 0/1 per item, as `update.arms` draws its quadrants)."""
+        if isinstance(entry, TaskComparison):
+            return entry
+        return cls({k: v for k, v in entry.items() if not k.startswith("_")}, correct=entry.get("_correct"))
+
+
+@dataclass
+class Comparison(Mapping[str, Any]):
+    """What `compare_runs` found, built once; every output renders it (`report`, `gate`). `to_json()` is
+    `report.json`: these fields in order (`gate` and `negative_flips` where set), each task as its `metrics`. It reads
+    as that mapping too (`report["tasks"]["mmlu"]["nfr"]`), for code written against the dict."""
+
+    old: str | list[str] = ""  # the old run, or its replicates
+    new: str | list = ""  # the new run; with several candidates a list, each a run or a list of replicates
+    runs: dict[str, Any] = field(default_factory=dict)  # {"old": the old side's runs, "new": [each candidate's]}
+    compatible: str | None = None  # the --compatible run
+    alpha: float = 0.05
+    level: float = 0.95  # the intervals' level, 1 − 2α: the one each decision uses (`decide.interval`)
+    include_churn: bool = False
+    tasks: dict[str, TaskComparison] = field(default_factory=dict)  # task, `task,filter` or `task [candidate]`
+    overall: dict[str, dict] = field(default_factory=dict)  # per candidate: its tasks that are not churn, pooled
+    across_tasks: dict[str, dict] = field(default_factory=dict)  # per candidate: Kübler et al.'s verdict
+    notes: list[str] = field(default_factory=list)  # what was chosen for the user
+    gate: dict | None = None  # `gate.check_gate`'s decisions, with --fail-on
+    negative_flips: dict[str, list[dict]] | None = None  # per task, the flips --show-flips shows
+
+    @classmethod
+    def of(cls, report: Mapping) -> Comparison:
+        """`report` typed: as it is, or a mapping shaped as `report.json` (read back, or built by hand)."""
+        if isinstance(report, Comparison):
+            return report
+        return cls(**{**report, "tasks": {k: TaskComparison.of(e) for k, e in report.get("tasks", {}).items()}})
+
+    def _keys(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None
+                or f.name not in ("gate", "negative_flips")]
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    def to_json(self) -> str:
+        """`report.json`: every field, each task's metrics without its per-item data."""
+        return json.dumps(json_ready({**self, "tasks": {k: e.metrics for k, e in self.tasks.items()}}), indent=2)
+
+
+def json_ready(obj):
+    """`obj` for JSON: tuples as lists, a float that is not finite as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    return obj
 
 
 def check_same_setup(old: TaskRun, new: TaskRun, labels=("old", "new")) -> None:
@@ -108,8 +203,8 @@ def _flips(old: list[Sample], new: list[Sample], metric: str, n_boot: int, seed:
 
 def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, metric: str | None = None,
                  compatible: TaskRun | None = None, n_boot: int = 2000, seed: int = 0,
-                 level: float = 0.95) -> dict[str, dict]:
-    """Metrics for every filter of a task: {filter: {...}}; rates with exact (Clopper–Pearson) intervals at
+                 level: float = 0.95) -> dict[str, TaskComparison]:
+    """Every filter of a task compared: {filter: TaskComparison}; rates with exact (Clopper–Pearson) intervals at
     `level`."""
     check_same_setup(old, new)
     if compatible is not None:
@@ -120,6 +215,7 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
         o = [old.samples[k] for k in keys]
         n = [new.samples[k] for k in keys]
         c = [compatible.samples[k] for k in keys] if compatible is not None else None
+        delta = None
         entry: dict = {"task": old.task, "filter": filt, "output_type": old.output_type or new.output_type}
         name = choose_metric(old, filt, metric, graded_ok=similarity is not None)
         if name is not None:
@@ -142,7 +238,6 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
             entry["similarity"] = similarity
             entry.update({k: v for k, v in smooth.items() if k != "n"})
             entry["n"] = smooth["n"]
-            entry["_delta"] = delta
             if c is not None:
                 compat_smooth = smooth_flip_metrics(similarity_deltas(old_text, [_text(s) for s in c], refs,
                                                                       get_similarity(similarity)),
@@ -152,10 +247,9 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
         if "metric" not in entry and "similarity" not in entry:
             raise RunError(f"task {old.task!r} (filter {filt!r}) has no 0/1 metric ({', '.join(CORRECTNESS_METRICS)})"
                            f"; name one with --metric or score the generations with --similarity NAME")
-        entry["_correct"] = ([s.metrics[entry["metric"]] for s in o],
-                             [s.metrics[entry.get("metric_new", entry["metric"])] for s in n]) if "metric" in entry else None
-        entry["_samples"] = (o, n)  # for the flipped documents (`flips.flipped_documents`)
-        out[filt] = entry
+        correct = ([s.metrics[entry["metric"]] for s in o],
+                   [s.metrics[entry.get("metric_new", entry["metric"])] for s in n]) if "metric" in entry else None
+        out[filt] = TaskComparison(entry, samples=(o, n), correct=correct, delta=delta)
     return out
 
 
@@ -223,7 +317,7 @@ def _same_choices(samples: list, look: int = 50) -> bool:
     return all(c is not None for c in lists) and len({tuple(c) for c in lists}) == 1
 
 
-def _is_churn(entry: dict, samples: list, alpha: float) -> dict | None:
+def _is_churn(entry: Mapping, samples: list, alpha: float) -> dict | None:
     """Chance churn of a multiple-choice task (`decide.churn`), its chance level from its output type: the mean of
     1/#choices, or — where every item offers the same choices — the majority label's share
     (`replicates.chance_rate`). None for any other task: a loglikelihood, rolling or generated answer has no chance
@@ -271,13 +365,13 @@ def _select_tasks(old: dict, new: dict, old_path, new_path, tasks: str | None, c
     return sorted(a & b)
 
 
-def _across_tasks(mine: dict[str, dict], alpha: float) -> dict | None:
+def _across_tasks(mine: dict[str, TaskComparison], alpha: float) -> dict | None:
     """Kübler et al.'s verdict across a candidate's tasks (every task with a 0/1 metric, churn included: an
     accuracy test is valid at chance; `decide.across_verdict`)."""
-    names = [k for k, e in mine.items() if "_runs" in e]
+    names = [k for k, e in mine.items() if e.runs is not None]
     if not names:
         return None
-    pooled = pooled_entry([mine[k]["_runs"][0] for k in names], [mine[k]["_runs"][1] for k in names])
+    pooled = pooled_entry([mine[k].runs[0] for k in names], [mine[k].runs[1] for k in names])
     return {"tasks": names, "n": pooled["n"], "old_acc": pooled["old_acc"], "new_acc": pooled["new_acc"],
             "pooled": pooled, **across_verdict(names, [mine[k] for k in names], pooled, alpha)}
 
@@ -285,9 +379,9 @@ def _across_tasks(mine: dict[str, dict], alpha: float) -> dict | None:
 def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: str | dict[str, str] | None = None,
                  compatible_path=None, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
                  include_churn: bool = False, tasks: str | None = None, common_tasks: bool = False,
-                 scorer: str | None = None) -> dict:
-    """Compare two lm-eval runs; returns `{"tasks": {name: metrics}}` (name = task, or `task,filter` for
-    tasks logged with several filters).
+                 scorer: str | None = None) -> Comparison:
+    """Compare two lm-eval runs; returns the `Comparison`, its `tasks` {name: TaskComparison} (name = task, or
+    `task,filter` for tasks logged with several filters).
 
     `old_path` may be a list of runs: replicates of the old side (training seeds, repeated sampled evaluations).
     `new_path` may be a list of runs, each a candidate compared with the old side (then the names are
@@ -325,32 +419,34 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
         names = _select_tasks(base, new, olds[0], paths[0], tasks, common_tasks or record is not None, notes)
         if compat is not None and not set(names) <= set(compat):
             raise RunError(f"the compatible run {compatible_path} lacks tasks {sorted(set(names) - set(compat))}")
-        mine = {}
+        mine: dict[str, TaskComparison] = {}
         for task in names:
             asked = _metric_for(metric, task)
             per_filter = compare_task(base[task], new[task], similarity=similarity, metric=asked,
                                       compatible=None if compat is None else compat[task], n_boot=n_boot, seed=seed,
                                       level=level)
             for filt, entry in per_filter.items():
-                if "metric" in entry:
+                if entry.correct is not None:
                     more_o, samples_o = _replicate_vectors(old_replicates, old, task, filt, entry["metric"])
                     more_n, samples_n = _replicate_vectors(new_replicates, new, task, filt,
                                                            entry.get("metric_new", entry["metric"]))
-                    o, n = [entry["_correct"][0], *more_o], [entry["_correct"][1], *more_n]
-                    entry["replicates"] = replicate_flips(o, n, level=level)
-                    entry["_runs"] = (o, n)
+                    o, n = [entry.correct[0], *more_o], [entry.correct[1], *more_n]
+                    entry.metrics["replicates"] = replicate_flips(o, n, level=level)
+                    entry.runs = (o, n)
                     if len(o) > 1 or len(n) > 1:
-                        _pair_means(entry, o, n)
-                        entry["items"] = items_beyond_noise(o, n, q=alpha)
-                        entry["_run_samples"] = ([entry["_samples"][0], *samples_o], [entry["_samples"][1], *samples_n])
-                    entry["churn"] = _is_churn(entry, entry["_samples"][0], alpha)
+                        _pair_means(entry.metrics, o, n)
+                        entry.metrics["items"] = items_beyond_noise(o, n, q=alpha)
+                        entry.run_samples = ([entry.samples[0], *samples_o], [entry.samples[1], *samples_n])
+                    entry.metrics["churn"] = _is_churn(entry, entry.samples[0], alpha)
                     if record is not None:
-                        attach(entry, record, task, base[task], new[task], entry["metric"])
+                        entry.metrics["sequential"] = sequential_entry(record, task, base[task], new[task],
+                                                                       entry["metric"])
                 name = task if len(per_filter) == 1 else f"{task},{filt}"
                 mine[name if len(candidates) == 1 else f"{name} [{label}]"] = entry
-        flag_regressions(mine, alpha, include_churn)
-        pooled = [e["_runs"] for e in mine.values() if "_runs" in e and (include_churn or not is_churn(e))]
-        if pooled and sum("_runs" in e for e in mine.values()) > 1:
+        for name, regression in flag_regressions(mine, alpha, include_churn).items():
+            mine[name].metrics["regression"] = regression
+        pooled = [e.runs for e in mine.values() if e.runs is not None and (include_churn or not is_churn(e))]
+        if pooled and sum(e.runs is not None for e in mine.values()) > 1:
             import numpy as np
 
             overall[label] = {"tasks": len(pooled), **replicate_flips(np.concatenate([p[0] for p in pooled], 1),
@@ -361,10 +457,11 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
             across[label] = verdict
         report_tasks.update(mine)
         del new, new_replicates  # one candidate in memory at a time
-    return {"old": str(olds[0]) if len(olds) == 1 else [str(p) for p in olds],
-            "new": str(candidates[0][0]) if len(candidates) == 1 and len(candidates[0]) == 1
-            else [str(c[0]) if len(c) == 1 else [str(p) for p in c] for c in candidates],
-            "runs": {"old": 1 + len(old_replicates), "new": runs_per_side},
-            "compatible": None if compatible_path is None else str(compatible_path), "alpha": alpha, "level": level,
-            "include_churn": include_churn, "tasks": report_tasks, "overall": overall, "across_tasks": across,
-            "notes": list(dict.fromkeys(notes))}
+    return Comparison(
+        old=str(olds[0]) if len(olds) == 1 else [str(p) for p in olds],
+        new=str(candidates[0][0]) if len(candidates) == 1 and len(candidates[0]) == 1
+        else [str(c[0]) if len(c) == 1 else [str(p) for p in c] for c in candidates],
+        runs={"old": 1 + len(old_replicates), "new": runs_per_side},
+        compatible=None if compatible_path is None else str(compatible_path), alpha=alpha, level=level,
+        include_churn=include_churn, tasks=report_tasks, overall=overall, across_tasks=across,
+        notes=list(dict.fromkeys(notes)))

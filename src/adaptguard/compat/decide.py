@@ -21,6 +21,7 @@ interval), so a breach of "> θ" is exactly "the lower bound is above θ", and a
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 RATE_METRICS = ("nfr", "pfr", "inconsistency_flips", "old_acc", "new_acc", "btc", "smooth_nfr", "smooth_pfr")
 RUN_LEVEL_METRICS = ("nfr", "excess_nfr", "acc_drop")  # with a run-level test when a side has replicates
@@ -31,11 +32,11 @@ DECISIONS = ("breach", "undecided", "clear")  # the one vocabulary of every outp
 _EPS = 1e-9  # per-item means over run pairs summed: counts to within rounding
 
 
-def replicated(entry: dict) -> bool:
+def replicated(entry: Mapping) -> bool:
     return not (entry.get("replicates") or {"runs_fixed": True})["runs_fixed"]
 
 
-def value(entry: dict, metric: str) -> float | None:
+def value(entry: Mapping, metric: str) -> float | None:
     """The entry's value of `metric` (None where it is not defined on the task)."""
     if metric == "excess_nfr":
         return (entry.get("replicates") or {}).get("excess_nfr")
@@ -46,7 +47,7 @@ def value(entry: dict, metric: str) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
 
 
-def counts(entry: dict, metric: str) -> tuple[float, int]:
+def counts(entry: Mapping, metric: str) -> tuple[float, int]:
     """(successes, trials) behind a rate metric; with replicates the successes are a sum of per-item means over run
     pairs (not always whole)."""
     n = entry["n"]
@@ -90,14 +91,14 @@ def rate_bounds(k: float, n: int, alpha: float) -> tuple[float, float]:
     return lo, hi
 
 
-def _run_level(entry: dict, metric: str) -> tuple[float, float, float]:
+def _run_level(entry: Mapping, metric: str) -> tuple[float, float, float]:
     """(estimate, standard error, degrees of freedom) of a metric tested over runs and items."""
     r = entry["replicates"]
     return {"nfr": (r["nfr"], r["nfr_se"], r["nfr_df"]), "excess_nfr": (r["excess_nfr"], r["se"], r["df"]),
             "acc_drop": (-r["acc_diff"], r["acc_diff_se"], r["acc_diff_df"])}[metric]
 
 
-def _item_level_p(entry: dict, metric: str, threshold: float, greater: bool) -> float:
+def _item_level_p(entry: Mapping, metric: str, threshold: float, greater: bool) -> float:
     """The item-level exact test of a replicated entry: its per-item means over run pairs, summed, as one run's
     counts (rounded toward H0), the noise floor taken as known for `excess_nfr`. Identical reruns give exactly one
     run's exact test."""
@@ -112,7 +113,7 @@ def _item_level_p(entry: dict, metric: str, threshold: float, greater: bool) -> 
     return binomial_p(b, n, threshold + shift, greater)
 
 
-def p_beyond(entry: dict, metric: str, threshold: float, op: str) -> float:
+def p_beyond(entry: Mapping, metric: str, threshold: float, op: str) -> float:
     """p-value of H0 "metric ≤ threshold" against "metric > threshold" (`op` ">"), or of "≥" against "<" (`op` "<"),
     by the metric's test (module docstring)."""
     from .metrics import paired_drop_p
@@ -133,7 +134,7 @@ def p_beyond(entry: dict, metric: str, threshold: float, op: str) -> float:
     return binomial_p(k, n, threshold, greater)
 
 
-def interval(entry: dict, metric: str, alpha: float) -> tuple[float, float] | None:
+def interval(entry: Mapping, metric: str, alpha: float) -> tuple[float, float] | None:
     """The interval a decision on `metric` uses (module docstring): its lower end above θ is a breach of "> θ", its
     upper end below θ a clear. None for `acc_drop` of one run (its test has no closed-form inverse: the decision
     shows p-values) and for metrics without a test."""
@@ -156,7 +157,7 @@ def interval(entry: dict, metric: str, alpha: float) -> tuple[float, float] | No
     return rate_bounds(k, n, alpha) if n else None
 
 
-def items_needed(entry: dict, metric: str, threshold: float, op: str, alpha: float, cap: int = 10_000_000
+def items_needed(entry: Mapping, metric: str, threshold: float, op: str, alpha: float, cap: int = 10_000_000
                  ) -> int | None:
     """For an undecided rate of one run: how many items, at the rate observed, its test needs to decide (either
     way); None when no number does (the rate equals the threshold) or the metric is not a rate of one run."""
@@ -184,7 +185,7 @@ def items_needed(entry: dict, metric: str, threshold: float, op: str, alpha: flo
     return hi
 
 
-def mde(entry: dict, metric: str, alpha: float, power: float = 0.8) -> float | None:
+def mde(entry: Mapping, metric: str, alpha: float, power: float = 0.8) -> float | None:
     """The smallest true change from none (0) that the metric's one-sided test at `alpha` detects with `power`: from
     the run-level standard error with replicates, and for a single run's `acc_drop` from the spread of the per-item
     differences, (z_{1−α} + z_power) · sd / √n (the paired normal test). None for rates of one run (`items_needed`
@@ -203,7 +204,7 @@ def mde(entry: dict, metric: str, alpha: float, power: float = 0.8) -> float | N
     return None
 
 
-def test_name(entry: dict, metric: str, threshold: float = 0.0) -> str:
+def test_name(entry: Mapping, metric: str, threshold: float = 0.0) -> str:
     if "sequential" in entry:
         return ("anytime-valid betting e-process" if metric == "acc_drop" else
                 "anytime-valid beta-binomial mixture e-process") + f" over {(k := len(entry['sequential']['looks']))} " \
@@ -215,7 +216,7 @@ def test_name(entry: dict, metric: str, threshold: float = 0.0) -> str:
     return "exact one-sided binomial on the item counts"
 
 
-def decide_threshold(name: str, entry: dict, t, alpha: float | None) -> dict:
+def decide_threshold(name: str, entry: Mapping, t, alpha: float | None) -> dict:
     """One (task, threshold) decided (module docstring): `decision` ∈ DECISIONS, `why`, `p_value` (of the breach
     test), `p_within` (of the clear test), `interval` and `level` (the decision's), `mde` / `items_needed` (how far the
     data reach, where undecided), `test`. With `alpha` None, raw values compared (no test)."""
@@ -261,28 +262,27 @@ def churn(old_correct: float, new_correct: float, negative_flips: float, n: int,
             "churn": p_old >= alpha and p_new >= alpha and p_flips >= alpha}
 
 
-def is_churn(entry: dict) -> bool:
+def is_churn(entry: Mapping) -> bool:
     return bool((entry.get("churn") or {}).get("churn"))
 
 
 # -------------------------------------------------------------------------------------- regressions, per task
-def regression_p(entry: dict) -> float:
+def regression_p(entry: Mapping) -> float:
     """The per-task test of "a regression" with no threshold given: one run per side, the accuracy drop above 0
     (exact McNemar); with replicates, the excess NFR above 0 (runs and items, and the item-level exact test)."""
     return p_beyond(entry, "excess_nfr" if replicated(entry) else "acc_drop", 0.0, ">")
 
 
-def flag_regressions(tasks: dict[str, dict], alpha: float, include_churn: bool) -> None:
+def flag_regressions(tasks: Mapping[str, Mapping], alpha: float, include_churn: bool) -> dict[str, dict]:
     """Benjamini–Hochberg over the tasks' regression tests (`regression_p`; churn tasks left out unless
-    `include_churn`): each tested entry gets `regression` = {tested, p, p_bh, flagged}."""
+    `include_churn`): per tested task, its `regression` = {tested, p, p_bh, flagged}."""
     from .replicates import benjamini_hochberg
 
     names = [k for k, e in tasks.items() if "replicates" in e and (include_churn or not is_churn(e))]
     ps = [regression_p(tasks[k]) for k in names]
     flagged, adjusted = benjamini_hochberg(ps, alpha)
-    for name, f, p, p_adj in zip(names, flagged, ps, adjusted):
-        tasks[name]["regression"] = {"tested": "excess_nfr" if replicated(tasks[name]) else "acc_drop", "p": p,
-                                     "p_bh": p_adj, "flagged": bool(f)}
+    return {name: {"tested": "excess_nfr" if replicated(tasks[name]) else "acc_drop", "p": p, "p_bh": p_adj,
+                   "flagged": bool(f)} for name, f, p, p_adj in zip(names, flagged, ps, adjusted)}
 
 
 # ---------------------------------------------------------------------------------------------- across tasks
@@ -302,7 +302,7 @@ def pooled_entry(olds, news) -> dict:
             "pfr": rep["pfr"], "replicates": rep}
 
 
-def across_tasks(entries: list[dict], pooled: dict, margin: float = 0.0, op: str = ">") -> dict[str, float]:
+def across_tasks(entries: list[Mapping], pooled: dict, margin: float = 0.0, op: str = ">") -> dict[str, float]:
     """Kübler et al.'s three tests of "the new model is worse by more than `margin`" across K tasks, each a p-value:
     `pooled` (every item of every task in one test), `max_drop` and `fisher` (the tasks' one-sided p-values combined,
     `metrics.combined_drop_p`). A verdict splits α across the three (Bonferroni, α/3 each)."""
@@ -312,7 +312,7 @@ def across_tasks(entries: list[dict], pooled: dict, margin: float = 0.0, op: str
     return {"pooled": p_beyond(pooled, "acc_drop", margin, op), **combined_drop_p(per_task)}
 
 
-def decide_across(name: str, names: list[str], entries: list[dict], pooled: dict, t, alpha: float | None) -> dict:
+def decide_across(name: str, names: list[str], entries: list[Mapping], pooled: dict, t, alpha: float | None) -> dict:
     """`overall:acc_drop>θ` (or `<θ`) decided across tasks, stating exactly what its test shows: a breach of the
     pooled drop (the pooled test at α/3), or — named as such, with the task — "some task dropped more than θ" (the
     max-drop or Fisher test at α/3; the task is the one with the smallest p); clear when the pooled test shows the
@@ -349,7 +349,7 @@ def decide_across(name: str, names: list[str], entries: list[dict], pooled: dict
             "within the threshold, but the data cannot show it"}
 
 
-def _across_sequential(base: dict, names: list[str], entries: list[dict], t, alpha: float) -> dict:
+def _across_sequential(base: dict, names: list[str], entries: list[Mapping], t, alpha: float) -> dict:
     """`overall:acc_drop>θ` evaluated until decided: a breach ("some task dropped more than θ") when the product of
     the tasks' betting e-processes (independent tasks: a product is an e-process) reaches 1/α at some round of looks
     (a stopped task's wealth held); clear when every task's drop is shown below θ at α/K (then so is the pooled
@@ -375,7 +375,7 @@ def _across_sequential(base: dict, names: list[str], entries: list[dict], t, alp
             "within the threshold, but the data cannot show it"}
 
 
-def across_verdict(names: list[str], entries: list[dict], pooled: dict, alpha: float) -> dict:
+def across_verdict(names: list[str], entries: list[Mapping], pooled: dict, alpha: float) -> dict:
     """With no threshold: does the data support an accuracy drop across the tasks (any of the three tests at α/3)?"""
     p = across_tasks(entries, pooled)
     return {"p": p, "alpha_each": alpha / len(p), "regression": bool(min(p.values()) < alpha / len(p))}
@@ -439,7 +439,7 @@ def drop_e_process(x, margin: float, greater: bool, bets: int = 24):
     return np.exp(np.minimum(top[:, 0] + np.log(np.exp(log_wealth - top).mean(1)), 700.0))
 
 
-def _sequences(entry: dict, metric: str) -> tuple[list[int], list[int]]:
+def _sequences(entry: Mapping, metric: str) -> tuple[list[int], list[int]]:
     """(successes, trials) of `metric` after each look of a sequential entry."""
     import numpy as np
 
@@ -454,7 +454,7 @@ def _sequences(entry: dict, metric: str) -> tuple[list[int], list[int]]:
     return ks, ns
 
 
-def anytime_e_values(entry: dict, metric: str, threshold: float, op: str) -> list[float]:
+def anytime_e_values(entry: Mapping, metric: str, threshold: float, op: str) -> list[float]:
     """The e-value of "metric > θ" (`op` ">") or "< θ" at each look of a sequential entry (`entry["sequential"]`:
     the old and new answers in the order evaluated, and the number of items at each look)."""
     import numpy as np
@@ -468,12 +468,12 @@ def anytime_e_values(entry: dict, metric: str, threshold: float, op: str) -> lis
     return [rate_e_value(k, n, threshold, greater) for k, n in zip(*_sequences(entry, metric))]
 
 
-def anytime_p(entry: dict, metric: str, threshold: float, op: str) -> float:
+def anytime_p(entry: Mapping, metric: str, threshold: float, op: str) -> float:
     """min(1, 1 / the largest e-value over the looks): valid at every look (Ville)."""
     return min(1.0, 1.0 / max(anytime_e_values(entry, metric, threshold, op), default=1.0))
 
 
-def anytime_bounds(entry: dict, metric: str, alpha: float) -> tuple[float, float] | None:
+def anytime_bounds(entry: Mapping, metric: str, alpha: float) -> tuple[float, float] | None:
     """The confidence sequence of a rate at the last look: the θ that no look's mixture e-value has rejected, each
     side at α ("> θ" is supported exactly when θ is below the lower end, "< θ" when above the upper end) — the
     interval the sequential decision uses. None for `acc_drop` (its bets depend on the margin)."""

@@ -1,6 +1,6 @@
 """The flipped documents behind a compatibility report: prompt, gold answer, the old and the new answer.
 
-`compare_task` keeps the joined samples of each task (`entry["_samples"]`); the prompts and choice texts are not
+`compare_task` keeps the joined samples of each task (`TaskComparison.samples`); the prompts and choice texts are not
 kept in memory (a 100k-sample log would double in size), so they are read back here, only for the flipped
 documents, from the samples files' lines that `Sample.where` names.
 """
@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
 from .runs import RunError, Sample
+
+if TYPE_CHECKING:
+    from .compare import TaskComparison
 
 
 def _read_lines(wheres: set[str]) -> dict[str, dict]:
@@ -78,7 +82,7 @@ def _document(o: Sample, n: Sample, kind: str, records: dict) -> dict:
             "new": _answer(n, choices)}  # the same document in both runs: the same choices
 
 
-def flipped_documents(entry: dict, *, negative_only: bool = False, limit: int | None = None) -> list[dict]:
+def flipped_documents(entry: TaskComparison, *, negative_only: bool = False, limit: int | None = None) -> list[dict]:
     """The flips of one report entry, negative first: `[{doc_id, kind, prompt, gold, old, new, [delta]}]`.
 
     A flip is a change of the 0/1 metric, or, for a task scored by similarity only, a change of S (`delta` =
@@ -87,16 +91,16 @@ def flipped_documents(entry: dict, *, negative_only: bool = False, limit: int | 
     (flagged by `replicates.items_beyond_noise`), those beyond rerun noise first, then by p; its answers are an old
     run's and a new run's that show the flip.
     """
-    if "items" in entry and "_run_samples" in entry:
+    if "items" in entry and entry.run_samples is not None:
         return _replicated_documents(entry, negative_only, limit)
-    old_samples, new_samples = entry["_samples"]
-    if entry.get("_correct") is not None:
-        old_ok, new_ok = entry["_correct"]
+    old_samples, new_samples = entry.samples
+    if entry.correct is not None:
+        old_ok, new_ok = entry.correct
         kinds = ["negative" if o and not n else "positive" if n and not o else None for o, n in zip(old_ok, new_ok)]
         order = sorted(range(len(kinds)), key=lambda i: kinds[i] != "negative")
         delta = None
     else:
-        delta = entry["_delta"]
+        delta = entry.delta
         kinds = ["negative" if d < 0 else "positive" if d > 0 else None for d in delta]
         order = sorted(range(len(kinds)), key=lambda i: float(delta[i]))
     picked = [i for i in order if kinds[i] == "negative" or (kinds[i] == "positive" and not negative_only)][:limit]
@@ -110,9 +114,9 @@ def flipped_documents(entry: dict, *, negative_only: bool = False, limit: int | 
     return out
 
 
-def _replicated_documents(entry: dict, negative_only: bool, limit: int | None) -> list[dict]:
-    olds, news = (np.asarray(x, dtype=bool) for x in entry["_runs"])  # (R_o, N), (R_n, N)
-    samples_o, samples_n = entry["_run_samples"]
+def _replicated_documents(entry: TaskComparison, negative_only: bool, limit: int | None) -> list[dict]:
+    olds, news = (np.asarray(x, dtype=bool) for x in entry.runs)  # (R_o, N), (R_n, N)
+    samples_o, samples_n = entry.run_samples
     items = entry["items"]
     broke = np.asarray(items["broke_pairs"])
     fixed = (~olds).sum(0) * news.sum(0)  # pairs where the item went wrong → right

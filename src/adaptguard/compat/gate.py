@@ -23,8 +23,10 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .compare import Comparison
 from .decide import (
     DECISIONS,
     FLIP_METRICS,
@@ -95,7 +97,7 @@ class Threshold:
         return cls(expr=expr, metric=metric, op=m["op"], value=value, tasks=(m["tasks"] or "*").strip())
 
 
-def _check(t: Threshold, entries: list[dict], significance: float | None) -> None:
+def _check(t: Threshold, entries: list[Mapping], significance: float | None) -> None:
     """Refuse a threshold that cannot be applied to the matched entries (GateError, exit status 2)."""
     if t.metric == "excess_nfr" and not any(replicated(e) for e in entries):
         raise GateError(f"--fail-on {t.expr!r}: excess_nfr needs replicate runs on a side (OLD or NEW as "
@@ -114,21 +116,22 @@ def _check(t: Threshold, entries: list[dict], significance: float | None) -> Non
                         f"inconsistency_flips needs predictions; delta_* needs --compatible)")
 
 
-def _across(report: dict, t: Threshold, significance: float | None) -> list[dict]:
+def _across(report: Comparison, t: Threshold, significance: float | None) -> list[dict]:
     """`overall:acc_drop>VALUE`: one decision per candidate, the tasks' accuracy tests combined (`decide_across`)."""
     if t.metric != "acc_drop":
         raise GateError(f"--fail-on {t.expr!r}: across tasks only acc_drop is combined (Kübler et al.'s pooled, "
                         f"max-drop and Fisher tests); gate {t.metric} per task, e.g. '{t.metric}{t.op}...'")
-    across = report.get("across_tasks") or {}
+    across = report.across_tasks
     if not across:
         raise GateError(f"--fail-on {t.expr!r}: no task with a 0/1 metric to combine")
     return [decide_across(ACROSS if len(across) == 1 else f"{ACROSS} [{label}]", a["tasks"],
-                          [report["tasks"][k] for k in a["tasks"]], a["pooled"], t, significance)
+                          [report.tasks[k] for k in a["tasks"]], a["pooled"], t, significance)
             for label, a in across.items()]
 
 
-def check_gate(report: dict, thresholds: list[Threshold], significance: float | None = None) -> dict:
-    """Decide every (task, threshold) of a `compare_runs` report (module docstring).
+def check_gate(report: Comparison | Mapping, thresholds: list[Threshold], significance: float | None = None) -> dict:
+    """Decide every (task, threshold) of a `compare_runs` report (module docstring; a mapping shaped as `report.json`
+    is read as one, `Comparison.of`).
 
     Returns `{"status": "breach" | "undecided" | "clear", "passed", "significance", "thresholds", "decisions":
     [{task, expr, metric, op, threshold, value, decision, why, p_value, p_within, test, mde}], "breaches",
@@ -138,16 +141,17 @@ def check_gate(report: dict, thresholds: list[Threshold], significance: float | 
     """
     if significance is not None and not 0 < significance < 1:
         raise GateError(f"--significance {significance}: must be in (0, 1), e.g. 0.05")
+    report = Comparison.of(report)
     decisions, left_out = [], []
-    churn = {name for name, e in report["tasks"].items() if is_churn(e) and not report.get("include_churn")}
+    churn = {name for name, e in report.tasks.items() if is_churn(e) and not report.include_churn}
     for t in thresholds:
         if t.tasks == ACROSS:
             decisions += _across(report, t, significance)
             continue
-        tasks = [name for name in report["tasks"] if fnmatch.fnmatchcase(name, t.tasks)]
+        tasks = [name for name in report.tasks if fnmatch.fnmatchcase(name, t.tasks)]
         if not tasks:
-            raise GateError(f"--fail-on {t.expr!r}: no task matches {t.tasks!r}; tasks: {', '.join(report['tasks'])}")
-        entries = [report["tasks"][name] for name in tasks]
+            raise GateError(f"--fail-on {t.expr!r}: no task matches {t.tasks!r}; tasks: {', '.join(report.tasks)}")
+        entries = [report.tasks[name] for name in tasks]
         _check(t, entries, significance)
         for name, entry in zip(tasks, entries):
             if name in churn and t.metric in FLIP_METRICS:

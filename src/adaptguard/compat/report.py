@@ -1,36 +1,25 @@
-"""Rendering a compatibility report (`compare_runs`' dict): JSON, a text table, Markdown and the flip-quadrant
-figure; `write_outputs` writes them atomically."""
+"""Rendering a compatibility report (`compare_runs`' `Comparison`): JSON, a text table, Markdown and the
+flip-quadrant figure; `write_outputs` writes them atomically. Each function that takes a report also reads a mapping
+shaped as `report.json` (`Comparison.of`)."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from ..utils.figures import new_figure, save_figure
 from ..utils.files import atomic_write_text
+from .compare import Comparison, json_ready
 from .flips import shorten
 
 
-def _public(entry: dict) -> dict:
-    return {k: v for k, v in entry.items() if not k.startswith("_")}
-
-
-def _clean(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
-def to_json(report: dict) -> str:
-    return json.dumps(_clean({**report, "tasks": {k: _public(v) for k, v in report["tasks"].items()}}), indent=2)
+def to_json(report: Comparison | Mapping) -> str:
+    return Comparison.of(report).to_json()
 
 
 def _fmt(value, pct=False) -> str:
@@ -55,9 +44,9 @@ def _p(value) -> str:
     return "–" if value is None else f"{value:.2g}"
 
 
-def legend(report: dict) -> tuple[str, str]:
-    level = round(100 * report.get("level", 0.95))
-    means = any(e.get("counts_are_means") for e in report["tasks"].values())
+def legend(report: Comparison) -> tuple[str, str]:
+    level = round(100 * report.level)
+    means = any(e.get("counts_are_means") for e in report.tasks.values())
     return ("NFR: negative flips, right before and wrong after; PFR: positive flips, wrong → right; BTC: share of the "
             "old model's right answers kept; incons.: wrong answers that changed (multiple choice);",
             "noise floor: the NFR between reruns of one model (replicates); excess NFR = NFR − noise floor; MDE: the "
@@ -78,17 +67,17 @@ def task_decisions(gate: dict | None, name: str) -> list[dict]:
     return [d for d in (gate or {}).get("decisions", []) if d["task"] == name]
 
 
-def _churn_word(e: dict, report: dict) -> str | None:
+def _churn_word(e: Mapping, report: Comparison) -> str | None:
     if not (e.get("churn") or {}).get("churn"):
         return None
-    return "churn, counted (--include-churn)" if report.get("include_churn") else "churn (flips left out)"
+    return "churn, counted (--include-churn)" if report.include_churn else "churn (flips left out)"
 
 
-def _verdict(e: dict, name: str, report: dict) -> str:
+def _verdict(e: Mapping, name: str, report: Comparison) -> str:
     """The task's verdict: the gate's decisions when there is a gate (the worst first), else the regression flag."""
     from .decide import DECISIONS
 
-    gate = report.get("gate")
+    gate = report.gate
     churn = _churn_word(e, report)
     if gate is not None:  # every decision on the task, the worst first
         mine = task_decisions(gate, name)
@@ -102,25 +91,26 @@ def _verdict(e: dict, name: str, report: dict) -> str:
     return word + (f"; {churn}" if churn else "")
 
 
-def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]]:
     from .decide import interval
 
-    alpha = report.get("alpha", 0.05)
+    report = Comparison.of(report)
+    alpha = report.alpha
     level = f"{100 * (1 - 2 * alpha):g}%"
-    replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report["tasks"].values())
+    replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report.tasks.values())
     header = ["task", "n", "acc old → new", "NFR %", f"NFR {level} CI", "PFR %", "incons. %", "BTC %"]
     header += ["runs", "noise floor %", "excess NFR %", f"excess {level} CI", "MDE %", "p (BH)"] if replicated \
         else ["McNemar p", "MDE %"]
     header.append("verdict")
-    smooth = any("similarity" in e for e in report["tasks"].values())
-    compat = report.get("compatible") is not None
+    smooth = any("similarity" in e for e in report.tasks.values())
+    compat = report.compatible is not None
     if smooth:
         header += ["S", "smooth NFR %", "smooth PFR %", "m_g", "m_r"]
     if compat:
         header += ["ΔNFR_c", "Δ%NFR_c"]
-    breached = {(b["task"], b["metric"]) for b in (report.get("gate") or {}).get("breaches", [])}
+    breached = {(b["task"], b["metric"]) for b in (report.gate or {}).get("breaches", [])}
     rows = []
-    for name, e in report["tasks"].items():
+    for name, e in report.tasks.items():
         r = e.get("replicates") or {}
         reg = e.get("regression") or {}
         acc = "–" if e.get("old_acc") is None else f"{100 * e['old_acc']:.1f} → {100 * e['new_acc']:.1f}"
@@ -150,7 +140,7 @@ def table_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def task_sentence(name: str, e: dict, gate: dict | None = None, alpha: float = 0.05,
+def task_sentence(name: str, e: Mapping, gate: dict | None = None, alpha: float = 0.05,
                   include_churn: bool = False) -> str:
     """What happened on one task, in one sentence a user can act on: the counts, then the decisions on it — the
     gate's where there is a gate (nothing else claims a verdict then), else the regression flag."""
@@ -173,7 +163,7 @@ def task_sentence(name: str, e: dict, gate: dict | None = None, alpha: float = 0
     return out
 
 
-def _regression_words(e: dict) -> str:
+def _regression_words(e: Mapping) -> str:
     """The regression flag (`decide.flag_regressions`) in words, with no gate."""
     reg = e.get("regression")
     if reg is None:
@@ -185,7 +175,7 @@ def _regression_words(e: dict) -> str:
     return f" No {what.replace('an accuracy', 'accuracy')} shown: p {_p(reg['p'])}, {_p(reg['p_bh'])} after BH)."
 
 
-def _task_facts(name: str, e: dict) -> str:
+def _task_facts(name: str, e: Mapping) -> str:
     if e.get("old_acc") is None:
         return f"{name}: smooth NFR {_pct(e.get('smooth_nfr'))} %, smooth PFR {_pct(e.get('smooth_pfr'))} % " \
                f"({e.get('similarity')})."
@@ -212,20 +202,20 @@ def _task_facts(name: str, e: dict) -> str:
     return out
 
 
-def runs_line(report: dict) -> str | None:
-    runs = report.get("runs") or {}
+def runs_line(report: Comparison) -> str | None:
+    runs = report.runs
     if runs and runs.get("old", 1) == 1 and all(n == 1 for n in runs.get("new", [1])):
         return ("Run-to-run variance was not measured (one run per side): give replicate runs as OLD1,OLD2 "
                 "NEW1,NEW2 to measure flips against the noise floor of reruns.")
     return None
 
 
-def across_lines(report: dict) -> list[str]:
+def across_lines(report: Comparison) -> list[str]:
     """Kübler et al.'s accuracy verdict across each candidate's tasks; with a gate, the numbers only (the gate's
     `overall:` threshold is the verdict, if one was given)."""
     lines = []
-    across = report.get("across_tasks") or {}
-    gated = report.get("gate") is not None
+    across = report.across_tasks
+    gated = report.gate is not None
     for label, a in across.items():
         p = a["p"]
         drop = 100 * (a["old_acc"] - a["new_acc"])
@@ -241,14 +231,14 @@ def across_lines(report: dict) -> list[str]:
     return lines
 
 
-def overall_lines(report: dict) -> list[str]:
+def overall_lines(report: Comparison) -> list[str]:
     """The tasks that are not churn pooled: with replicates, the excess NFR and its run-level test; with one run per
     side, the pooled rates only (their test is the verdict across tasks, stated once)."""
     lines = []
-    level = round(100 * report.get("level", 0.95))
-    for label, o in (report.get("overall") or {}).items():
-        head = (f"overall{'' if len(report['overall']) == 1 else f' [{label}]'} ({o['tasks']} task"
-                f"{'s' * (o['tasks'] > 1)}, {o['n']} items, churn tasks {'in' if report.get('include_churn') else 'out'}"
+    level = round(100 * report.level)
+    for label, o in report.overall.items():
+        head = (f"overall{'' if len(report.overall) == 1 else f' [{label}]'} ({o['tasks']} task"
+                f"{'s' * (o['tasks'] > 1)}, {o['n']} items, churn tasks {'in' if report.include_churn else 'out'}"
                 f"): NFR {_pct(o['nfr'])} %")
         if o["runs_fixed"]:
             lines.append(f"{head}, PFR {_pct(o['pfr'])} % (the accuracy test across tasks is below).")
@@ -258,10 +248,10 @@ def overall_lines(report: dict) -> list[str]:
     return lines
 
 
-def flip_lines(report: dict, markdown: bool = False) -> list[str]:
+def flip_lines(report: Comparison, markdown: bool = False) -> list[str]:
     """The `--show-flips` documents: per task, prompt (shortened), gold, old and new answer."""
     lines = []
-    for task, flips in (report.get("negative_flips") or {}).items():
+    for task, flips in (report.negative_flips or {}).items():
         lines += ["", f"{'### ' if markdown else ''}{task}: {len(flips)} negative flip(s) shown"]
         if markdown and flips:
             lines += ["", "| doc_id | prompt | gold | old | new |", "|---|---|---|---|---|"]
@@ -275,14 +265,14 @@ def flip_lines(report: dict, markdown: bool = False) -> list[str]:
     return lines
 
 
-def _explained(report: dict) -> list[str]:
-    alpha = report.get("alpha", 0.05)
-    return [*report.get("notes", []), *(task_sentence(n, e, report.get("gate"), alpha, report.get("include_churn"))
-                                         for n, e in report["tasks"].items()),
+def _explained(report: Comparison) -> list[str]:
+    return [*report.notes, *(task_sentence(n, e, report.gate, report.alpha, report.include_churn)
+                             for n, e in report.tasks.items()),
             *overall_lines(report), *across_lines(report), *filter(None, [runs_line(report)])]
 
 
-def to_text(report: dict) -> str:
+def to_text(report: Comparison | Mapping) -> str:
+    report = Comparison.of(report)
     header, rows = table_rows(report)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
@@ -296,38 +286,39 @@ def _names(side) -> str:
     return ", ".join(_names(x) if isinstance(x, str) else "(" + ", ".join(f"`{y}`" for y in x) + ")" for x in side)
 
 
-def to_markdown(report: dict) -> str:
+def to_markdown(report: Comparison | Mapping) -> str:
+    report = Comparison.of(report)
     header, rows = table_rows(report)
-    lines = [f"# Compatibility: {_names(report['old'])} → {_names(report['new'])}", "", *legend(report), "",
+    lines = [f"# Compatibility: {_names(report.old)} → {_names(report.new)}", "", *legend(report), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", *(f"- {x}" for x in _explained(report))]
-    gate = report.get("gate")
+    gate = report.gate
     if gate is not None:
         from .gate import describe
 
         first, *rest = describe(gate).splitlines()
         lines += ["", "**G" + first[1:] + "**", *(f"- {x.strip()}" for x in rest)]
-    if report.get("negative_flips"):
+    if report.negative_flips:
         lines += ["", "## Negative flips (right before, wrong after)", *flip_lines(report, markdown=True)]
     return "\n".join(lines) + "\n"
 
 
-def plot_quadrants(report: dict, path: Path) -> None:
+def plot_quadrants(report: Comparison | Mapping, path: Path) -> None:
     """Flip quadrants per task (paper 002 Fig. 2/4): a 2×2 count grid for 0/1 metrics, a scatter of
     S(old) vs S(new) coloured by gain/regression for similarity tasks."""
     from matplotlib.patches import Rectangle
 
-    entries = list(report["tasks"].items())
+    entries = list(Comparison.of(report).tasks.items())
     cols = min(3, len(entries))
     rows = math.ceil(len(entries) / cols)
     fig = new_figure(figsize=(4.2 * cols, 3.8 * rows))
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (name, e) in zip(axes.flat, entries):
-        if e.get("_correct") is not None:
+        if e.correct is not None:
             # the share of runs right per item on each side (one run: 0/1), so that with replicates each cell is the
             # mean count over every (old run, new run) pair, as the title's NFR and PFR are
-            sides = e["_runs"] if e.get("counts_are_means") else [[run] for run in e["_correct"]]
+            sides = e.runs if e.get("counts_are_means") else [[run] for run in e.correct]
             old, new = (np.asarray(runs, dtype=float).mean(0) for runs in sides)  # (R, N) -> (N,)
             grid = np.array([[((1 - old) * new).sum(), (old * new).sum()],
                              [((1 - old) * (1 - new)).sum(), (old * (1 - new)).sum()]])
@@ -344,7 +335,7 @@ def plot_quadrants(report: dict, path: Path) -> None:
             ax.set_xticks([0.5, 1.5], ["old wrong", "old right"])
             ax.set_yticks([0.5, 1.5], ["new wrong", "new right"])
         else:
-            d = e["_delta"]
+            d = e.delta
             ax.hist(d, bins=30, color="#adb5bd")
             ax.axvline(0, color="black", lw=1)
             ax.set_xlabel(f"D = {e['similarity']}(new) − {e['similarity']}(old)")
@@ -358,7 +349,7 @@ def plot_quadrants(report: dict, path: Path) -> None:
     save_figure(fig, path, dpi=100)
 
 
-def figure_png(report: dict) -> bytes | None:
+def figure_png(report: Comparison | Mapping) -> bytes | None:
     """The flip-quadrant figure as PNG bytes (None without matplotlib, the [plots] extra)."""
     import importlib.util
     import tempfile
@@ -370,20 +361,21 @@ def figure_png(report: dict) -> bytes | None:
         return (Path(tmp) / "flips.png").read_bytes()
 
 
-def write_outputs(report: dict, json_path=None, markdown_path=None, plot_path=None, *, flips_path=None,
-                  flips: list[dict] | None = None, html_path=None) -> None:
+def write_outputs(report: Comparison | Mapping, json_path=None, markdown_path=None, plot_path=None, *,
+                  flips_path=None, flips: list[dict] | None = None, html_path=None) -> None:
     """Render the texts, draw and write the figure (the step most likely to fail), then write the texts; each file
     atomically, so a failure or an interruption leaves no half-written file and no report without its figure.
     `flips` (every flipped document) goes to `flips_path` as JSON lines, and into the page at `html_path`."""
+    report = Comparison.of(report)
     rendered = []
     if html_path:
         rendered.append((Path(html_path), compare_page(report, flips or [], figure_png(report))))
     if json_path:
-        rendered.append((Path(json_path), to_json(report)))
+        rendered.append((Path(json_path), report.to_json()))
     if markdown_path:
         rendered.append((Path(markdown_path), to_markdown(report)))
     if flips_path:
-        rendered.append((Path(flips_path), "".join(json.dumps(_clean(f)) + "\n" for f in flips or [])))
+        rendered.append((Path(flips_path), "".join(json.dumps(json_ready(f)) + "\n" for f in flips or [])))
     for path, _ in rendered:
         if path.is_dir():
             raise ValueError(f"{path}: is a directory; give a file path")
@@ -419,19 +411,19 @@ def _gate_section(gate: dict) -> list[str]:
     return out
 
 
-def no_gate_line(report: dict) -> str:
+def no_gate_line(report: Comparison) -> str:
     """With no --fail-on: says nothing was gated, then what the data support (the regression flags and the verdict
     across tasks), and the largest NFR so it is not hidden behind a quiet line."""
-    flagged = [n for n, e in report["tasks"].items() if (e.get("regression") or {}).get("flagged")]
-    across = [label for label, a in (report.get("across_tasks") or {}).items() if a["regression"]]
+    flagged = [n for n, e in report.tasks.items() if (e.get("regression") or {}).get("flagged")]
+    across = [label for label, a in report.across_tasks.items() if a["regression"]]
     out = "No gate given (--fail-on decides thresholds). "
     if flagged:
-        out += f"The data support a regression on {len(flagged)} of {len(report['tasks'])} tasks: {', '.join(flagged)}."
+        out += f"The data support a regression on {len(flagged)} of {len(report.tasks)} tasks: {', '.join(flagged)}."
     else:
-        out += f"The data support no regression on any of the {len(report['tasks'])} tasks (after BH)."
+        out += f"The data support no regression on any of the {len(report.tasks)} tasks (after BH)."
     if across:
         out += " Across tasks, they support an accuracy drop."
-    rated = [(e["nfr"], n, e) for n, e in report["tasks"].items() if e.get("nfr") is not None]
+    rated = [(e["nfr"], n, e) for n, e in report.tasks.items() if e.get("nfr") is not None]
     if rated:
         nfr, name, e = max(rated, key=lambda x: x[0])
         out += (f" Largest NFR: {name}, {100 * nfr:.1f} % of the items broke (accuracy "
@@ -439,13 +431,14 @@ def no_gate_line(report: dict) -> str:
     return out
 
 
-def compare_page(report: dict, flips: list[dict], figure_png: bytes | None) -> str:
+def compare_page(report: Comparison | Mapping, flips: list[dict], figure_png: bytes | None) -> str:
     """`adaptguard compare --html`: the gate's outcome (or the tasks' verdicts) first, its decisions as lists, the
     table, the sentences, the legend, the figure, then the flipped items."""
     from .html import _e, figure, flips_section, page, table
 
-    gate = report.get("gate")
-    sections = [f"<p>{_names(report['old'])} → {_names(report['new'])}</p>".replace("`", "")]
+    report = Comparison.of(report)
+    gate = report.gate
+    sections = [f"<p>{_names(report.old)} → {_names(report.new)}</p>".replace("`", "")]
     if gate is not None:
         from .gate import headline
 
@@ -459,7 +452,7 @@ def compare_page(report: dict, flips: list[dict], figure_png: bytes | None) -> s
     for f in flips:
         counts.setdefault(f["task"], {}).setdefault(f["kind"], 0)
         counts[f["task"]][f["kind"]] += 1
-    replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report["tasks"].values())
+    replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report.tasks.values())
     sections += ["<h2>Per task</h2>", table(header, rows), "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in
                                                                           _explained(report)) + "</ul>",
                  "<p class='note'>" + "<br>".join(_e(x) for x in legend(report)) + "</p>"]

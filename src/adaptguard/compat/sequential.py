@@ -31,14 +31,14 @@ def restrict(baseline: dict[str, TaskRun], record: dict) -> dict[str, TaskRun]:
     return out
 
 
-def attach(entry: dict, record: dict, task: str, old: TaskRun, new: TaskRun, metric: str) -> None:
-    """The sequential data a decision needs, on a compare entry: old and new correctness in the order evaluated,
-    and the items done at each look."""
+def sequential_entry(record: dict, task: str, old: TaskRun, new: TaskRun, metric: str) -> dict:
+    """The sequential data a decision needs (a compare entry's `sequential`): old and new correctness in the order
+    evaluated, and the items done at each look."""
     t = record["tasks"][task]
     order = t["order"][: t["done"]]
     filt = old.filters[0]
-    entry["sequential"] = {"looks": t["looks"], "old": [int(old.samples[filt, d].metrics[metric]) for d in order],
-                           "new": [int(new.samples[filt, d].metrics[metric]) for d in order], "seed": record["seed"]}
+    return {"looks": t["looks"], "old": [int(old.samples[filt, d].metrics[metric]) for d in order],
+            "new": [int(new.samples[filt, d].metrics[metric]) for d in order], "seed": record["seed"]}
 
 
 def task_order(doc_ids: list[int], seed: int, task: str) -> list[int]:
