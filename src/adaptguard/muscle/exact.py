@@ -9,10 +9,11 @@ LL_L, focal and KD weights) is a weighted sum of them. The student side is the c
 target — one log-sum-exp over the vocabulary and its gradient. Exact, not a top-k approximation.
 
 `teacher_vectors` computes a teacher's (m, H(q), b·q) and what the masks read (its argmax, its label log-probability)
-from its hidden states — for the cache (`hidden_cache`), or online. `exact_token_loss` is the student's pass: per
-chunk of tokens with the whole vocabulary, the value and the gradient together (no recompute in the backward), two
-vocabulary products per token as SFT's cross-entropy; a teacher given online (hidden states) adds its logits and is
-mixed in logit space (one more product each). Masks that read the student's own answer take it from the same pass.
+from its hidden states — for the exact cache (`logit_cache.build_vector_cache`), or online. `exact_token_loss` is the
+student's pass: per chunk of tokens with the whole vocabulary, the value and the gradient together (no recompute in the
+backward), two vocabulary products per token as SFT's cross-entropy; a teacher given online (hidden states) adds its
+logits and is mixed in logit space (one more product each). Masks that read the student's own answer take it from the
+same pass.
 
 `kernel_token_loss` is the same loss with the student's log-sum-exp taken by Apple's cut-cross-entropy kernel (CUDA,
 `pip install cut-cross-entropy`), which never builds the logits: LSE(z/T) = CE(h/T, y) + z_y/T for any index y, so a
@@ -26,6 +27,7 @@ and JSD. Pure torch. N = scored tokens, H = hidden size, V = vocabulary.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -138,25 +140,42 @@ class ExactOutput(NamedTuple):
     weights: torch.Tensor
 
 
+@dataclass(frozen=True)
+class _ExactSpec:
+    """What `_ExactLoss` reads besides the student's hidden states: no gradient flows into any of it (`exact_token_loss`
+    documents each)."""
+
+    head: LMHead  # the student's, detached
+    labels: torch.Tensor  # (N,)
+    weights: Weights
+    cached: TeacherVectors | None
+    online: tuple  # ((N, H_t) detached hidden states, LMHead) pairs
+    ce_weight: torch.Tensor | None  # (N,)
+    temperature: float
+    token_chunk: int
+
+
 class _ExactLoss(torch.autograd.Function):
+    """Forward: per chunk of tokens, the loss and its gradient in h, kept for the backward, which only scales it."""
+
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, weights_fn, cached, online, online_heads, ce_weight, scale,
-                temperature, chunk, grad_hidden):
+    def forward(ctx, hidden: torch.Tensor, spec: _ExactSpec):
+        head, labels, cached, temperature, chunk = spec.head, spec.labels, spec.cached, spec.temperature, spec.token_chunk
         n, dev, wide = hidden.shape[0], hidden.device, _wide(hidden.dtype)
         kl, ce = torch.zeros(n, device=dev, dtype=wide), torch.zeros(n, device=dev, dtype=wide)
         top1, entropy = torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, device=dev, dtype=wide)
-        n_teachers = (0 if cached is None else cached.m.shape[1]) + len(online)
+        n_teachers = (0 if cached is None else cached.m.shape[1]) + len(spec.online)
         all_weights = torch.zeros(n, n_teachers, device=dev, dtype=wide)
-        grad = torch.empty_like(hidden) if grad_hidden else None
+        grad = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         for a in range(0, n, chunk):
             h = hidden[a:a + chunk]
             rows = torch.arange(a, min(a + chunk, n), device=dev)
             y = labels[a:a + chunk]
-            z = _logits(h, LMHead(weight, bias, None, scale))  # (c, V)
+            z = _logits(h, head)  # (c, V)
             lse1 = torch.logsumexp(z, -1)
             label_z = z.gather(1, y.clamp(min=0)[:, None])[:, 0]
             student = StudentChunk(z.argmax(-1), label_z - lse1)
-            wts = weights_fn(rows, student).to(wide)  # (c, J)
+            wts = spec.weights(rows, student).to(wide)  # (c, J)
             all_weights[a:a + chunk] = wts
             top1[a:a + chunk] = student.top1
             p1 = torch.exp(z - lse1[:, None])
@@ -177,7 +196,7 @@ class _ExactLoss(torch.autograd.Function):
                                               ) / temperature - (wc * cached.entropy[a:a + chunk]).sum(-1)
             # the online teachers, in logit space: Σ_j a_j [Σ_v q_jv (log q_jv − log p_v)]
             p_mix = None
-            for k, (t_hidden, t_head) in enumerate(zip(online, online_heads)):
+            for k, (t_hidden, t_head) in enumerate(spec.online):
                 log_q = _log_softmax(_logits(t_hidden[a:a + chunk], t_head) / temperature)
                 q = log_q.exp()
                 wk = wts[:, j + k]
@@ -190,23 +209,23 @@ class _ExactLoss(torch.autograd.Function):
                 g = (total / temperature)[:, None] * torch.exp(zt - lse_t[:, None])
                 if p_mix is not None:
                     g = g - p_mix / temperature
-                if ce_weight is not None:
-                    cw = ce_weight[a:a + chunk][:, None]
+                if spec.ce_weight is not None:
+                    cw = spec.ce_weight[a:a + chunk][:, None]
                     g = g + cw * p1
                     g.scatter_add_(1, y.clamp(min=0)[:, None], -cw * (y != -100).float()[:, None])
-                gh = (g.to(weight.dtype) @ weight).to(wide) * scale
+                gh = (g.to(head.weight.dtype) @ head.weight).to(wide) * head.scale
                 if target is not None:
                     gh = gh - target / temperature
                 grad[a:a + chunk] = gh.to(grad.dtype)
         ctx.save_for_backward(grad)
-        loss = kl + (0.0 if ce_weight is None else ce_weight * ce)
+        loss = kl + (0.0 if spec.ce_weight is None else spec.ce_weight * ce)
         ctx.mark_non_differentiable(kl, ce, top1, entropy, all_weights)
         return loss, kl, ce, top1, entropy, all_weights
 
     @staticmethod
     def backward(ctx, g_loss, *_):
         (grad,) = ctx.saved_tensors
-        return (grad * g_loss[:, None].to(grad.dtype),) + (None,) * 12
+        return grad * g_loss[:, None].to(grad.dtype), None  # hidden's; the spec takes none
 
 
 def exact_token_loss(hidden: torch.Tensor, head: LMHead, labels: torch.Tensor, weights: Weights, *,
@@ -234,13 +253,10 @@ def exact_token_loss(hidden: torch.Tensor, head: LMHead, labels: torch.Tensor, w
         raise ValueError(f"exact_token_loss: {reason}; use the tiled loss")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    online_hidden = tuple(h.detach() for h, _ in online)
-    online_heads = tuple(head_ for _, head_ in online)
-    chunk = token_chunk or default_token_chunk(head.weight.shape[0])
-    return ExactOutput(*_ExactLoss.apply(hidden, head.weight.detach(), None if head.bias is None else head.bias.detach(),
-                                         labels, weights, cached, online_hidden, online_heads,
-                                         ce_weight, float(head.scale), float(temperature), int(chunk),
-                                         hidden.requires_grad))
+    frozen = LMHead(head.weight.detach(), None if head.bias is None else head.bias.detach(), None, float(head.scale))
+    spec = _ExactSpec(frozen, labels, weights, cached, tuple((h.detach(), head_) for h, head_ in online), ce_weight,
+                      float(temperature), int(token_chunk or default_token_chunk(head.weight.shape[0])))
+    return ExactOutput(*_ExactLoss.apply(hidden, spec))
 
 
 def lse_kernel_reason(head: LMHead, reads_student: bool) -> str | None:
@@ -300,20 +316,6 @@ def stack(vectors: list[TeacherVectors]) -> TeacherVectors:
     return TeacherVectors(*(torch.stack(parts, 1) for parts in zip(*vectors)))
 
 
-def hidden_bytes_per_token(hidden_size: int, dtype: torch.dtype) -> int:
-    """A cached teacher's bytes per token: m in `dtype`, H(q), b·q and the label log-prob in float32, the argmax in
-    int32."""
-    return hidden_size * torch.finfo(dtype).bits // 8 + 4 * 4
-
-
-def kl_reference(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(softmax(teacher/T) ‖ softmax(student/T)) per row of dense (N, V) logits: the test's reference."""
-    log_p = torch.log_softmax(student_logits.float() / temperature, -1)
-    log_q = torch.log_softmax(teacher_logits.float() / temperature, -1)
-    return (log_q.exp() * (log_q - log_p)).sum(-1)
-
-
-
 class _StudentNeeded(Exception):
     """A mask read the student's answer (raised by `_TeachersOnly`)."""
 
@@ -328,6 +330,20 @@ class _TeachersOnly:
         if name.startswith("student_"):
             raise _StudentNeeded(name)
         raise AttributeError(name)
+
+
+def reads_student(mask) -> bool | None:
+    """Whether `mask` reads the student's answer, from one call on a one-token probe (None: the probe does not tell,
+    as for a mask that needs real inputs)."""
+    probe = torch.zeros(1, 1, dtype=torch.long)
+    try:
+        mask(_TeachersOnly(labels=probe, valid=probe.bool(), old_top1=probe, new_top1=probe,
+                           old_label_logp=probe.float(), new_label_logp=probe.float()))
+    except _StudentNeeded:
+        return True
+    except Exception:  # noqa: BLE001 - a mask that needs real inputs
+        return None
+    return False
 
 
 def mask_weights(mask, labels: torch.Tensor, scored: torch.Tensor, old: TeacherVectors, new: TeacherVectors,

@@ -48,26 +48,54 @@ class TiledMuscleOutput(NamedTuple):
     student_entropy: torch.Tensor
 
 
+class _Teacher(NamedTuple):
+    """A frozen teacher as the tiled loss reads it: its last hidden states (N, H_t) and head, detached."""
+
+    hidden: torch.Tensor
+    head: LMHead
+
+
 @dataclass(frozen=True)
 class _Spec:
+    """What `_TiledMuscle` reads besides the student's hidden states (N, H) and head weight and bias: no gradient
+    flows into any of it. N = B·T positions, flattened."""
+
     mask: MaskFn
     temperature: float
     token_chunk: int
     vocab_chunk: int
-    post: tuple  # (softcap, scale) of the student, new and old heads
     labels: torch.Tensor  # (B, T)
+    student_post: tuple  # (softcap, scale) of the student's head
+    new: _Teacher
+    old: _Teacher | TopKLogProbs  # or its cached top-k: logp, idx (N, k), rest (N,)
     compiled: bool = False  # the per-tile folds through torch.compile
 
+    @property
+    def topk(self) -> TopKLogProbs | None:
+        return self.old if isinstance(self.old, TopKLogProbs) else None
 
-def _tile(hidden: torch.Tensor, weight: torch.Tensor, bias, post: tuple, v0: int, v1: int) -> torch.Tensor:
-    """float32 logits (n, v1 − v0) of the vocabulary slice [v0, v1); the matmul in the model's dtype, as its head.
-    `post` = (softcap, scale)."""
-    softcap, scale = post
-    z = hidden @ weight[v0:v1].T
-    if bias is not None:
-        z = z + bias[v0:v1]
-    z = z.float() * scale if scale != 1.0 else z.float()
-    return softcap * torch.tanh(z / softcap) if softcap else z
+
+class _Scored(NamedTuple):
+    """The forward's per scored token (n,) values that the backward reads: `rows` their flat positions in B·T, `y`
+    their labels, `m` the mask, and the log-sum-exps (`lse1_s` the student's at temperature 1, `lse_b` at T, those of
+    the teachers at T; `lse_old` 0 with a top-k cache)."""
+
+    rows: torch.Tensor
+    y: torch.Tensor
+    m: torch.Tensor
+    lse1_s: torch.Tensor
+    lse_b: torch.Tensor
+    lse_new: torch.Tensor
+    lse_old: torch.Tensor
+
+
+def _tile(hidden: torch.Tensor, head: LMHead, v0: int, v1: int) -> torch.Tensor:
+    """float32 logits (n, v1 − v0) of the vocabulary slice [v0, v1); the matmul in the model's dtype, as its head."""
+    z = hidden @ head.weight[v0:v1].T
+    if head.bias is not None:
+        z = z + head.bias[v0:v1]
+    z = z.float() * head.scale if head.scale != 1.0 else z.float()
+    return head.softcap * torch.tanh(z / head.softcap) if head.softcap else z
 
 
 def _fold(max1, sum1, top_value, top1, label_logit, z_sum, max_t, sum_t, cross, z, labels, v0, temperature: float,
@@ -173,16 +201,15 @@ class _TiledMuscle(torch.autograd.Function):
     recomputes the tiles and accumulates the gradients of the student's hidden states, head weight and bias."""
 
     @staticmethod
-    def forward(ctx, h_s, w_s, b_s, h_new, w_new, b_new, h_old, w_old, b_old, top_logp, top_idx, top_rest,
-                spec: _Spec):
+    def forward(ctx, h_s: torch.Tensor, w_s: torch.Tensor, b_s: torch.Tensor | None, spec: _Spec):
         labels = spec.labels
         valid = labels != -100
         rows = valid.reshape(-1).nonzero().squeeze(1)
         y = labels.reshape(-1)[rows]
         n, vocab, device = len(rows), w_s.shape[0], h_s.device
         temperature = spec.temperature
-        post_s, post_new, post_old = spec.post
-        sparse = top_logp is not None
+        student, new_teacher, old_teacher, topk = LMHead(w_s, b_s, *spec.student_post), spec.new, spec.old, spec.topk
+        sparse = topk is not None
         out = {name: torch.zeros(n, dtype=torch.float32, device=device)
                for name in ("lse1_s", "entropy_s", "lse_b", "lse_new", "lse_old", "kl_new", "kl_old", "logp_s", "logp_new",
                             "logp_old")}
@@ -190,27 +217,27 @@ class _TiledMuscle(torch.autograd.Function):
         for start in range(0, n, spec.token_chunk):
             idx = rows[start:start + spec.token_chunk]
             yc = y[start:start + len(idx)]
-            hs, hn = h_s[idx], h_new[idx]
+            hs, hn = h_s[idx], new_teacher.hidden[idx]
             s, new = _Stats(len(idx), device, False, spec.compiled), _Stats(len(idx), device, True, spec.compiled)
             old = None if sparse else _Stats(len(idx), device, True, spec.compiled)
             if sparse:  # the student's b at the cached indices, and Σ_v b_v, for the sparse KL
-                k_idx = top_idx[idx].long()
+                k_idx = topk.idx[idx].long()
                 b_top = torch.zeros(k_idx.shape, dtype=torch.float32, device=device)
                 b_sum = torch.zeros(len(idx), dtype=torch.float32, device=device)
             else:
-                ho = h_old[idx]
+                ho = old_teacher.hidden[idx]
             for v0 in range(0, vocab, spec.vocab_chunk):
                 v1 = min(v0 + spec.vocab_chunk, vocab)
-                zs = _tile(hs, w_s, b_s, post_s, v0, v1)
+                zs = _tile(hs, student, v0, v1)
                 b = zs / temperature
                 s.update(zs, yc, v0, temperature)
-                new.update(_tile(hn, w_new, b_new, post_new, v0, v1), yc, v0, temperature, b)
+                new.update(_tile(hn, new_teacher.head, v0, v1), yc, v0, temperature, b)
                 if sparse:
                     here = (k_idx >= v0) & (k_idx < v1)
                     b_top = torch.where(here, b.gather(1, (k_idx - v0).clamp(0, v1 - v0 - 1)), b_top)
                     b_sum += b.sum(-1)
                 else:
-                    old.update(_tile(ho, w_old, b_old, post_old, v0, v1), yc, v0, temperature, b)
+                    old.update(_tile(ho, old_teacher.head, v0, v1), yc, v0, temperature, b)
             sl = slice(start, start + len(idx))
             lse_b = s.lse_t()
             out["lse1_s"][sl], out["lse_b"][sl] = s.lse1(), lse_b
@@ -220,7 +247,7 @@ class _TiledMuscle(torch.autograd.Function):
             out["kl_new"][sl] = new.cross / new.sum_t - new.lse_t() + lse_b
             out["logp_new"][sl], top1["new"][sl] = new.label_logit - new.lse1(), new.top1
             if sparse:
-                logp, rest = top_logp[idx], top_rest[idx]
+                logp, rest = topk.logp[idx], topk.rest[idx]
                 out["kl_old"][sl] = sparse_kl(b_top - lse_b[:, None], b_sum - vocab * lse_b, logp, rest, temperature,
                                               vocab)
                 top1["old"][sl], out["logp_old"][sl] = topk_label_stats(logp, k_idx, rest, yc, vocab)
@@ -242,9 +269,9 @@ class _TiledMuscle(torch.autograd.Function):
         m = m_grid.reshape(-1)[rows]
         kl = m * out["kl_old"] + (1 - m) * out["kl_new"]
         ce = -out["logp_s"]
-        ctx.save_for_backward(h_s, w_s, b_s, h_new, w_new, b_new, h_old, w_old, b_old, top_logp, top_idx, top_rest,
-                              rows, y, m, out["lse1_s"], out["lse_b"], out["lse_new"], out["lse_old"])
+        ctx.save_for_backward(h_s, w_s, b_s)
         ctx.spec = spec
+        ctx.scored = _Scored(rows, y, m, out["lse1_s"], out["lse_b"], out["lse_new"], out["lse_old"])
         # autograd runs backward outside the forward's autocast: the recomputed tiles and the gradient matmuls
         # must use the forward's precision (as `torch.amp.custom_bwd`, for whichever device the tensors are on)
         kind = h_s.device.type
@@ -261,22 +288,20 @@ class _TiledMuscle(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g_kl, g_ce):
-        (h_s, w_s, b_s, h_new, w_new, b_new, h_old, w_old, b_old, top_logp, top_idx, top_rest,
-         rows, y, m, lse1_s, lse_b, lse_new, lse_old) = ctx.saved_tensors
-        spec = ctx.spec
-        temperature, (post_s, post_new, post_old) = spec.temperature, spec.post
-        sparse = top_logp is not None
+        h_s, w_s, b_s = ctx.saved_tensors
+        spec, temperature = ctx.spec, ctx.spec.temperature
+        student, new_teacher, old_teacher, topk = LMHead(w_s, b_s, *spec.student_post), spec.new, spec.old, spec.topk
+        sparse = topk is not None
         vocab = w_s.shape[0]
-        g_kl, g_ce = g_kl.reshape(-1)[rows].float(), g_ce.reshape(-1)[rows].float()
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros(h_s.shape, dtype=torch.float32, device=h_s.device) if need_h else None
         grad_w = torch.zeros(w_s.shape, dtype=torch.float32, device=w_s.device) if need_w else None
         grad_b = torch.zeros(b_s.shape, dtype=torch.float32, device=b_s.device) if need_b else None
         # a token's gradient reads only the teacher its mask gives it (m is 0 or 1, `apply_mask`): with the tokens
         # ordered by teacher, a chunk recomputes only its teacher's tiles (one head matmul less per token)
-        order = torch.argsort(m, stable=True)
-        rows, y, m, lse1_s, lse_b, lse_new, lse_old, g_kl, g_ce = (
-            t[order] for t in (rows, y, m, lse1_s, lse_b, lse_new, lse_old, g_kl, g_ce))
+        order = torch.argsort(ctx.scored.m, stable=True)
+        rows, y, m, lse1_s, lse_b, lse_new, lse_old = (t[order] for t in ctx.scored)
+        g_kl, g_ce = (g.reshape(-1)[rows].float() for g in (g_kl, g_ce))
         bounds = [0, int((m == 0).sum()), len(rows)]  # tokens [0, b) read v2, [b, n) v1; one sync a step
         grad_tile = _compiled(_grad_tile) if spec.compiled else _grad_tile
         for group in range(2):
@@ -288,19 +313,20 @@ class _TiledMuscle(torch.autograd.Function):
                 gk, gc = g_kl[sl][:, None] / temperature, g_ce[sl][:, None]
                 pt = pj = k_idx = None
                 if sparse and use_old:
-                    log_pj, log_pt = sparse_log_probs(top_logp[idx], top_rest[idx], temperature, vocab)
+                    log_pj, log_pt = sparse_log_probs(topk.logp[idx], topk.rest[idx], temperature, vocab)
                     pt = torch.nan_to_num(log_pt.exp())[:, None]
-                    k_idx, pj = top_idx[idx].long(), log_pj.exp()
-                hn = h_new[idx] if use_new else None
-                ho = h_old[idx] if use_old and not sparse else None
+                    k_idx, pj = topk.idx[idx].long(), log_pj.exp()
+                hn = new_teacher.hidden[idx] if use_new else None
+                ho = old_teacher.hidden[idx] if use_old and not sparse else None
                 grad_hc = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device) if need_h else None
                 for v0 in range(0, vocab, spec.vocab_chunk):
                     v1 = min(v0 + spec.vocab_chunk, vocab)
-                    zs = _tile(hs, w_s, b_s, post_s, v0, v1)
-                    zn = None if hn is None else _tile(hn, w_new, b_new, post_new, v0, v1)
-                    zo = None if ho is None else _tile(ho, w_old, b_old, post_old, v0, v1)
+                    zs = _tile(hs, student, v0, v1)
+                    zn = None if hn is None else _tile(hn, new_teacher.head, v0, v1)
+                    zo = None if ho is None else _tile(ho, old_teacher.head, v0, v1)
                     grad_z = grad_tile(zs, zn, zo, lse_b[sl], lse_new[sl], lse_old[sl], lse1_s[sl], mc, gk, gc, yc,
-                                       torch.tensor(v0, device=zs.device), temperature, post_s, pt, pj, k_idx)
+                                       torch.tensor(v0, device=zs.device), temperature, spec.student_post, pt, pj,
+                                       k_idx)
                     grad_z = grad_z.to(w_s.dtype)  # as autograd of the head's matmul would see it
                     if need_h:
                         grad_hc += (grad_z @ w_s[v0:v1]).float()
@@ -311,7 +337,7 @@ class _TiledMuscle(torch.autograd.Function):
                 if need_h:
                     grad_h[idx] = grad_hc
         return (None if grad_h is None else grad_h.to(h_s.dtype), None if grad_w is None else grad_w.to(w_s.dtype),
-                None if grad_b is None else grad_b.to(b_s.dtype), *([None] * 10))
+                None if grad_b is None else grad_b.to(b_s.dtype), None)  # h_s, w_s, b_s; the spec takes none
 
 
 # float32 (token_chunk, vocab_chunk) tensors alive at once in a tile step (the three models' tiles, the gradient,
@@ -378,21 +404,21 @@ def muscle_token_loss_tiled(student_hidden: torch.Tensor, student_head: LMHead, 
         if h.shape[:2] != labels.shape or h.shape[-1] != (width if name == "student" else heads[name].weight.shape[1]):
             raise ValueError(f"{name} hidden states {tuple(h.shape)} do not match labels {tuple(labels.shape)} and "
                              f"the head's hidden size")
-    flat = {name: h.reshape(-1, h.shape[-1]) for name, h in hiddens.items()}
+    flat = {name: h.reshape(-1, h.shape[-1]).detach() for name, h in hiddens.items()}
     if sparse:
         k = old.logp.shape[-1]
-        old_args = (None, None, None, old.logp.reshape(-1, k), old.idx.reshape(-1, k), old.rest.reshape(-1))
-        old_cap = (None, 1.0)
+        old = TopKLogProbs(old.logp.reshape(-1, k), old.idx.reshape(-1, k), old.rest.reshape(-1))
     else:
-        old_args = (flat["old"].detach(), old[1].weight.detach(), _detached(old[1].bias), None, None, None)
-        old_cap = (old[1].softcap, float(old[1].scale))
+        old = _Teacher(flat["old"], _detached(old[1]))
     compiled = student_hidden.device.type == "cuda" if compile is None else bool(compile)
-    spec = _Spec(mask, float(temperature), int(token_chunk), int(vocab_chunk),
-                 tuple((h.softcap, float(h.scale)) for h in (student_head, new_head)) + (old_cap,), labels, compiled)
-    return TiledMuscleOutput(*_TiledMuscle.apply(
-        flat["student"], student_head.weight, student_head.bias, flat["new"].detach(), new_head.weight.detach(),
-        _detached(new_head.bias), *old_args, spec))
+    spec = _Spec(mask, float(temperature), int(token_chunk), int(vocab_chunk), labels,
+                 (student_head.softcap, float(student_head.scale)), _Teacher(flat["new"], _detached(new_head)), old,
+                 compiled)
+    return TiledMuscleOutput(*_TiledMuscle.apply(student_hidden.reshape(-1, width), student_head.weight,
+                                                 student_head.bias, spec))
 
 
-def _detached(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach()
+def _detached(head: LMHead) -> LMHead:
+    """A teacher's head without its autograd history: the tiled loss trains only the student's."""
+    return LMHead(head.weight.detach(), None if head.bias is None else head.bias.detach(), head.softcap,
+                  float(head.scale))
