@@ -17,8 +17,6 @@ _LAZY = {
     "LMEvalCallback": ".compat.callback",
     "MUSCLEConfig": ".muscle.config",
     "MUSCLETrainer": ".muscle.trainer",
-    "CompatConfig": ".muscle.config",  # deprecated aliases of the two above
-    "CompatTrainer": ".muscle.trainer",
     "default_lora_targets": ".utils.lora",
 }
 
@@ -26,8 +24,8 @@ __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:
     from .compat.callback import LMEvalCallback
-    from .muscle.config import CompatConfig, MUSCLEConfig
-    from .muscle.trainer import CompatTrainer, MUSCLETrainer
+    from .muscle.config import MUSCLEConfig
+    from .muscle.trainer import MUSCLETrainer
     from .plugins.hookspecs import hookimpl
     from .talr.callbacks import TokenAnalysisCallback, WiseFTCallback
     from .talr.config import TALRConfig

@@ -3,13 +3,16 @@ and the distillation temperature."""
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from trl import SFTConfig
 
 from ..trl_adapter import hardware_defaults
 from ..utils.checks import check_finite
+
+LossImplementation = Literal["auto", "exact", "tiled", "logits"]
+LseKernel = Literal["auto", "torch", "cut_cross_entropy"]
 
 
 @dataclass
@@ -74,7 +77,7 @@ class MUSCLEConfig(SFTConfig):
         metadata={"help": "Focal distillation's β (v1 right = its greedy answer is the item's completion, token for "
                   "token); 0 without a recipe, 5 with recipe='focal'."},
     )
-    loss_implementation: str = field(
+    loss_implementation: LossImplementation = field(
         default="auto",
         metadata={"help": "auto (default): exact where it applies, else tiled, saying why. exact: the forward KL "
                   "through each teacher's m = Wᵀq (KL = LSE(z/T) − h·m/T − H(q) with the output layer frozen; "
@@ -82,16 +85,16 @@ class MUSCLEConfig(SFTConfig):
                   "forward; not for soft-capped logits, a trained output layer or a top-k cache. tiled: the three "
                   "models' last hidden states and LM heads on (token x vocabulary) tiles, never building (batch, "
                   "length, vocabulary) logits; logits: the models' full logits, then a chunked KL (more memory; "
-                  "for debugging and comparison)."},
+                  "for debugging and comparison).", "choices": list(get_args(LossImplementation))},
     )
-    lse_kernel: str = field(
+    lse_kernel: LseKernel = field(
         default="auto",
         metadata={"help": "The exact loss's student log-sum-exp. auto (default): Apple's cut-cross-entropy kernel on "
                   "a GPU where it is installed (pip install cut-cross-entropy) and the run allows it (no output-layer "
                   "bias, a mask that reads only the teachers), else torch. cut_cross_entropy: that kernel or an error "
                   "saying why not (on a CPU its reference implementation). torch: chunks of tokens with the whole "
                   "vocabulary, everywhere; SFTTrainer's entropy and token-accuracy metrics are logged only on this "
-                  "path (the kernel builds no logits to read them from)."},
+                  "path (the kernel builds no logits to read them from).", "choices": list(get_args(LseKernel))},
     )
     kl_chunk_size: int | None = field(
         default=None,
@@ -129,11 +132,10 @@ class MUSCLEConfig(SFTConfig):
         if any(size is not None and size < 1 for size in (self.kl_chunk_size, self.vocab_chunk_size)):
             raise ValueError(f"kl_chunk_size and vocab_chunk_size must be ≥ 1, got {self.kl_chunk_size}, "
                              f"{self.vocab_chunk_size}")
-        if self.loss_implementation not in ("auto", "exact", "tiled", "logits"):
-            raise ValueError("loss_implementation must be 'auto', 'exact', 'tiled' or 'logits', got "
-                             f"{self.loss_implementation!r}")
-        if self.lse_kernel not in ("auto", "torch", "cut_cross_entropy"):
-            raise ValueError(f"lse_kernel must be 'auto', 'torch' or 'cut_cross_entropy', got {self.lse_kernel!r}")
+        for name, choices in (("loss_implementation", LossImplementation), ("lse_kernel", LseKernel)):
+            if getattr(self, name) not in get_args(choices):
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, get_args(choices)))}; got "
+                                 f"{getattr(self, name)!r}")
         if self.old_logits_cache is not None and (self.packing or self.padding_free):
             raise ValueError("old_logits_cache identifies rows by their tokens: it cannot be used with packing or "
                              "padding_free")
@@ -150,11 +152,3 @@ class MUSCLEConfig(SFTConfig):
             if getattr(self, name) is None:
                 setattr(self, name, settings.get(name, default))
 
-
-@dataclass
-class CompatConfig(MUSCLEConfig):
-    """Deprecated alias of `MUSCLEConfig` (kept for one release)."""
-
-    def __post_init__(self):
-        warnings.warn("CompatConfig is deprecated; use MUSCLEConfig", FutureWarning, stacklevel=3)
-        super().__post_init__()

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import logging
-import warnings
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -541,11 +540,3 @@ class _SeenInputs:
     def __call__(self, inputs):
         self.inputs = inputs
         return self.mask(inputs)
-
-
-class CompatTrainer(MUSCLETrainer):
-    """Deprecated alias of `MUSCLETrainer` (kept for one release)."""
-
-    def __init__(self, *args, **kwargs):
-        warnings.warn("CompatTrainer is deprecated; use MUSCLETrainer", FutureWarning, stacklevel=2)
-        super().__init__(*args, **kwargs)
