@@ -1,4 +1,4 @@
-"""`adaptguard drift`: task-similarity drift (paper 000) — the bound, the synthetic experiment, similarity
+"""`adaptguard drift`: task-similarity drift (Ni et al.) — the bound, the synthetic experiment, similarity
 corruption, prompt styles and the drift risk of a dataset."""
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def add(sub) -> None:
         dsub,
         "styles",
         epilog=STYLES_EXAMPLE,
-        help="Reformat a question/answer dataset in one of paper 000's prompt styles (--style list prints them).",
+        help="Reformat a question/answer dataset in one of Ni et al.'s prompt styles (--style list prints them).",
     )
     sty.add_argument("dataset", nargs="?", help="Hub name, save_to_disk dir or .json/.jsonl/.csv/.parquet file")
     sty.add_argument("--style", required=True, help="a prompt style's name, or `list` to print every style with its template")
@@ -210,7 +210,7 @@ def add(sub) -> None:
         "risk",
         epilog=RISK_EXAMPLE,
         help="Similarity of a fine-tuning dataset to each dataset to keep; flags the "
-        "intermediate band where paper 000 predicts the most drift.",
+        "intermediate band where Ni et al. predicts the most drift.",
     )
     risk.add_argument("--finetune", required=True, help="the fine-tuning dataset (Hub name, directory or file)")
     risk.add_argument("--keep", nargs="+", required=True, help="datasets whose abilities must be kept")
@@ -220,7 +220,7 @@ def add(sub) -> None:
         type=finite_float,
         default=[0.25, 0.55],
         metavar=("LOW", "HIGH"),
-        help="similarities flagged at risk (paper 000: intermediate; default 0.25 0.55)",
+        help="similarities flagged at risk (Ni et al.: intermediate; default 0.25 0.55)",
     )
     risk.add_argument("--json", help="also write the report here")
     add_embedding_options(risk)

@@ -1,4 +1,4 @@
-"""`adaptguard select`: choose the tasks to mix into a multitask fine-tune (paper 001)."""
+"""`adaptguard select`: choose the tasks to mix into a multitask fine-tune (Xu's thesis)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Backward-compatibility metrics for model updates (paper 002 §3.1–3.2), pure maths (numpy, scipy).
+"""Backward-compatibility metrics for model updates (Echterhoff et al. §3.1–3.2), pure maths (numpy, scipy).
 
 For an old model M1 and a new model M2 on the same N items:
 
@@ -166,7 +166,7 @@ def combined_drop_p(p_values) -> dict[str, float]:
 
 
 def flip_indicators(old_correct, new_correct, old_pred=None, new_pred=None) -> dict[str, np.ndarray]:
-    """Per-item flips (paper 002 §3.1), the one implementation behind `flip_metrics`, `compare` and the
+    """Per-item flips (Echterhoff et al. §3.1), the one implementation behind `flip_metrics`, `compare` and the
     in-harness `compat_*` tasks.
 
     Args:
@@ -343,7 +343,7 @@ def paired_rate_difference(a, b, *, n_boot: int = 2000, level: float = 0.95, see
 
 
 def delta_metrics(reference: dict, compatible: dict) -> dict:
-    """Paper 002's Δ-versions for a compatible model M_c against the plain update M2 (both from M1):
+    """Echterhoff et al.'s Δ-versions for a compatible model M_c against the plain update M2 (both from M1):
     `delta_<k> = k(M1→M_c) − k(M1→M2)` and `delta_<k>_pct = 100 · delta_<k> / k(M1→M2)` for the keys
     present in both (ΔNFR_c, Δ%NFR_c, ...). The percentage is None when the reference value is 0."""
     out = {}

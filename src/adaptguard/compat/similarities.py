@@ -1,4 +1,4 @@
-"""Built-in similarity functions S for generative flips (`D(x) = S(new) − S(old)`, paper 002 §3.2): each takes
+"""Built-in similarity functions S for generative flips (`D(x) = S(new) − S(old)`, Echterhoff et al. §3.2): each takes
 N predictions and N lists of references and returns N floats, the best over an item's references."""
 
 from __future__ import annotations

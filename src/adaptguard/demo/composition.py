@@ -1,4 +1,4 @@
-"""The composition section of `adaptguard demo`: compositional in-context learning (paper 001 Ch. 4)
+"""The composition section of `adaptguard demo`: compositional in-context learning (Xu's thesis Ch. 4)
 on the embedded default.
 
 The paper's finding: a model that does two simple tasks in context (settings ``simple1``/``simple2``)
@@ -207,7 +207,7 @@ def markdown_section(result: dict) -> str:
     s = result["settings"]
     head = "| pair | K | " + " | ".join(SETTINGS) + " |"
     lines = [
-        "## Compositional in-context learning (paper 001 Ch. 4)", "",
+        "## Compositional in-context learning (Xu's thesis Ch. 4)", "",
         (f"The embedded `{s['model']}` model, meta-trained for {s['steps']} steps "
         f"({result['train_seconds']:.0f} s) to learn in context: on the simple tasks' prompts "
         f"(`simple1`/`simple2` of {', '.join(s['simple_pairs'])}) and on composite-in-context prompts of "

@@ -1,4 +1,4 @@
-"""`adaptguard demo`: the domain-vs-general trade-off of paper 003 (Fig. 1–2) on the embedded default.
+"""`adaptguard demo`: the domain-vs-general trade-off of Lin et al. (Fig. 1–2) on the embedded default.
 
 Fine-tunes the embedded "tiny" model on a domain (its own knowledge in a question/answer format it
 never saw) with plain SFT, TALR and the baselines over a grid of learning rates, and measures the
@@ -99,7 +99,7 @@ def train_method(method: Method, lr: float, seed: int, path: str | Path, train_r
 
 def _tradeoff(methods: list[str], lrs: list[float], epochs: float, seeds: list[int], train_rows: list[dict],
               test_rows: list[dict], probes: list[dict], base_flags: list, out: Path) -> tuple[list[dict], dict | None]:
-    """The trade-off sweep (paper 003 Fig. 1-2): every method x learning rate, over `seeds`, scored against the base
+    """The trade-off sweep (Lin et al. Fig. 1-2): every method x learning rate, over `seeds`, scored against the base
     model's probe flags. Returns (runs, the TALR token analysis) and copies the analysis to OUT/token_analysis/."""
     from ..compat.metrics import flip_metrics
     from ..models.embedded import embedded_model_path, exact_match_score
@@ -147,7 +147,7 @@ def _tradeoff(methods: list[str], lrs: list[float], epochs: float, seeds: list[i
 
 
 def _update(out: Path, seed_range: list[int] | None) -> dict:
-    """Paper 002's update experiment on tiny -> tiny-v2 (MUSCLE), written to OUT/update/."""
+    """Echterhoff et al.'s update experiment on tiny -> tiny-v2 (MUSCLE), written to OUT/update/."""
     from ..update import run_update, run_update_seeds, tiny_preset
 
     say("  model update tiny -> tiny-v2 (MUSCLE) ...")
@@ -161,7 +161,7 @@ def _update(out: Path, seed_range: list[int] | None) -> dict:
 
 
 def _composition(out: Path, seed_range: list[int] | None) -> dict:
-    """Paper 001 Ch. 4's compositional in-context learning, written to OUT/composition/."""
+    """Xu's thesis Ch. 4's compositional in-context learning, written to OUT/composition/."""
     from .composition import run_composition_demo, run_composition_seeds
 
     say("  compositional in-context learning ...")
@@ -173,7 +173,7 @@ def _composition(out: Path, seed_range: list[int] | None) -> dict:
 
 
 def _drift(out: Path, repetitions: int | None = None, **overrides) -> dict:
-    """Paper 000 App. B's quick similarity-drift sweep, written to OUT/drift/ (`overrides`: more settings of
+    """Ni et al. App. B's quick similarity-drift sweep, written to OUT/drift/ (`overrides`: more settings of
     `run_drift_experiment`), with the peak of the bound at the CLI defaults of `adaptguard drift bound`."""
     from ..drift.sweep import run_drift_experiment
     from ..drift.theory import theorem_a2_argmax

@@ -1,4 +1,4 @@
-"""Task similarity and performance drift (paper 000): the bit-string model and Algorithm C1 (`bsc`), Theorem A2
+"""Task similarity and performance drift (Ni et al.): the bit-string model and Algorithm C1 (`bsc`), Theorem A2
 (`theory`), both pure numpy/scipy; datasets built from them (`data`) and the Theorem A2 figure (`plots`)."""
 
 from .bsc import (

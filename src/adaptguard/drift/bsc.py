@@ -1,4 +1,4 @@
-"""Task similarity and performance drift, the data maths (paper 000, App. A–C); numpy and scipy only.
+"""Task similarity and performance drift, the data maths (Ni et al., App. A–C); numpy and scipy only.
 
 - Bit-string subpopulations (App. A, Def. 1, Assumption 1, Def. 4): reference strings, binary
   symmetric channel samples, references of a given similarity, and the two similarity measures
@@ -53,7 +53,7 @@ def _delta(delta: Any) -> float:
         raise ValueError(
             f"delta: the flip probability must lie in [0, 1/2), got {delta!r}; at delta = 1/2 a sample is "
             "independent of its reference string, and above 1/2 it identifies the complement string instead, "
-            "so the channel no longer identifies the reference (paper 000, Assumption 1: delta < 1/2)")
+            "so the channel no longer identifies the reference (Ni et al., Assumption 1: delta < 1/2)")
     return float(delta)
 
 

@@ -1,4 +1,4 @@
-"""Drift datasets (paper 000, App. B–C) as `datasets.Dataset`s: the `drift_bsc_*` lm-eval task documents, the
+"""Drift datasets (Ni et al., App. B–C) as `datasets.Dataset`s: the `drift_bsc_*` lm-eval task documents, the
 r-similarity corruption of a real dataset (App. C.2) and the nine prompt styles of Table C2 (App. C.1/C.4).
 The maths is in `adaptguard.drift.bsc`."""
 

@@ -1,4 +1,4 @@
-"""Figures of the drift theory (paper 000, App. A)."""
+"""Figures of the drift theory (Ni et al., App. A)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def plot_theorem_a2(
     if paper_argmax is not None:
         ax.axvline(paper_argmax, color="C2", linestyle="--", label=f"(A32) r = {paper_argmax:.3f}")
     ax.axvline(0.5, color="grey", linestyle=":", linewidth=1)
-    ax.set(xlabel="similarity r(i, j)", ylabel="excess error bound f(r)", title="Theorem A2 (paper 000, A28-A33)")
+    ax.set(xlabel="similarity r(i, j)", ylabel="excess error bound f(r)", title="Theorem A2 (Ni et al., A28-A33)")
     ax.legend()
     fig.tight_layout()
     return save_figure(fig, path)

@@ -1,4 +1,4 @@
-"""The synthetic performance-drift experiment of paper 000, App. B (Fig. B1), scaled to a laptop CPU.
+"""The synthetic performance-drift experiment of Ni et al., App. B (Fig. B1), scaled to a laptop CPU.
 
 A small GPT-2-style model (``transformers.GPT2LMHeadModel`` built from a config, no download) is trained
 on ``n0`` samples of a base subpopulation (reference string ``c0``) plus ``n1`` samples of a subpopulation
@@ -386,7 +386,7 @@ def plot_drift(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     span = high - low + 1e-3
     ax.set_ylim(low - 0.05 * span, high + 0.25 * span)
     ax.set(xlabel="similarity r of the second subpopulation to c0", ylabel="next-bit loss on c0 (nats)",
-           title=f"Synthetic drift (paper 000 App. B), {len(result['losses'][0])} runs per r")
+           title=f"Synthetic drift (Ni et al. App. B), {len(result['losses'][0])} runs per r")
     ax.legend(loc="upper center", ncol=2, fontsize="x-small")
     caption = ("Bars: mean loss of the trained models on c0, min–max over runs. Red: the Bayes-optimal predictor of "
                "the training data (c0 and the r-similar string in their shares). Grey: −ln(1−δ) = "

@@ -1,4 +1,4 @@
-"""Theorem A2 of paper 000 (Ni et al., "The Impact of Task Similarity on Performance Drift of LLMs"), App. A.
+"""Theorem A2 of Ni et al., "The Impact of Task Similarity on Performance Drift of LLMs", App. A.
 
 A dataset of ``n`` samples mixes subpopulations; subpopulation ``j`` (the one evaluated) has probability
 ``alpha_j``, subpopulation ``i`` probability ``alpha_i``, and their reference strings (length ``d``) agree on a
@@ -16,7 +16,7 @@ Collecting (A29)-(A31), ``f`` is the concave quadratic
 where ``e(r)`` is the expected similarity E r_j of a sample of ``i`` to ``c_j`` (A7), ``lam``, ``mu`` are the
 sums (A33) and ``G = sum_{l,m} h_{l,m} g_m (lambda_l + mu_l)`` with ``h``, ``g`` from (A28).
 
-Readings of the paper's notation (equation numbers of paper 000):
+Readings of the paper's notation (equation numbers of Ni et al.):
 
 * (A3) draws the sample length from U([n]), but reference strings have ``d`` bits and (A22) uses ``l0/d``: the
   length is uniform on ``1..d``; ``n`` is the dataset size, as in (A20).

@@ -3,7 +3,7 @@
 A byte-level BPE tokenizer (trained with the `tokenizers` library) and a small Llama model are built
 deterministically in-process and pretrained on generated text that teaches a handful of "general"
 skills (facts, antonyms, counting up). Fine-tuning on a "domain" (the same knowledge in a question/answer format it never saw)
-can then be measured against how much of the general skills survive, as in paper 003 Fig. 1.
+can then be measured against how much of the general skills survive, as in Lin et al. Fig. 1.
 
 `tiny` and `tiny-v2` ship with the package (`embedded_models/`, a few MB of safetensors and a tokenizer):
 `embedded_model_path` checks each file's SHA-256 against `embedded_models/manifest.json` and returns the folder,
@@ -76,7 +76,7 @@ class EmbeddedSpec:
     version: int = 1
 
 
-# "tiny-v2" is an updated base of the same vocabulary (paper 002 Table 1 kinds: more parameters,
+# "tiny-v2" is an updated base of the same vocabulary (Echterhoff et al. Table 1 kinds: more parameters,
 # longer training, another data order); the tokenizer depends only on the corpus seed, so it is shared.
 EMBEDDED_MODELS: dict[str, EmbeddedSpec] = {
     "tiny": EmbeddedSpec(),

@@ -49,7 +49,7 @@ def adaptguard_lm_eval_task_dirs() -> list:
 
 @hookspec
 def adaptguard_muscle_masks() -> dict:
-    """Return `{name: mask}` MUSCLE masking strategies (paper 002 §4.1, §6.5) for `MUSCLEConfig(mask=name)`.
+    """Return `{name: mask}` MUSCLE masking strategies (Echterhoff et al. §4.1, §6.5) for `MUSCLEConfig(mask=name)`.
 
     A mask is called as `mask(inputs)` with `inputs` an `adaptguard.muscle.losses.MaskInputs` (per-position
     labels, validity, argmax tokens and label log-probabilities of the student, old and new models,

@@ -1,4 +1,4 @@
-"""Task selection (paper 001) and drift risk (paper 000): the maths in `coverage`, the embedders in
+"""Task selection (Xu's thesis) and drift risk (Ni et al.): the maths in `coverage`, the embedders in
 `embedders`, the CLI jobs in `jobs`."""
 
 from .coverage import (

@@ -1,5 +1,5 @@
-"""Consistency–diversity task selection for multitask fine-tuning (paper 001 §3.3.2, Algorithm 1, §8.6.4)
-and a drift-risk report for a fine-tuning set against tasks to keep (paper 000).
+"""Consistency–diversity task selection for multitask fine-tuning (Xu's thesis §3.3.2, Algorithm 1, §8.6.4)
+and a drift-risk report for a fine-tuning set against tasks to keep (Ni et al.).
 
 Each task is a set of example embeddings φ(x), an (n, d) array, viewed as a Gaussian N(μ, C).
 
@@ -14,7 +14,7 @@ Each task is a set of example embeddings φ(x), an (n, d) array, viewed as a Gau
   T in that order, if coverage(L ∪ T) ≥ (1 + p)·coverage(L) then add it, otherwise *stop* (the paper
   breaks at the first failure; later candidates are never tried).
 
-Ablations (paper 001 Table 3.1: "No Con.: ignore consistency. No Div.: ignore diversity. Random:
+Ablations (Xu's thesis Table 3.1: "No Con.: ignore consistency. No Div.: ignore diversity. Random:
 ignore both"; §8.5.4: violating diversity = stopping early, violating consistency = letting unrelated
 tasks in):
 
@@ -161,7 +161,7 @@ def _pc1(x: np.ndarray, name: str) -> np.ndarray:
 
 
 def first_principal_component(embeddings) -> np.ndarray:
-    """First principal component (d,), unit length, of a dataset's embeddings (n, d) (paper 001 §8.6.4).
+    """First principal component (d,), unit length, of a dataset's embeddings (n, d) (Xu's thesis §8.6.4).
 
     The rows are centred (standard PCA). A principal direction is defined only up to sign; the sign is
     chosen so that the dataset's mean projects positively (vᵀμ > 0: the component points the way the
@@ -190,7 +190,7 @@ def _greedy(order: list[str], coverage_of, p: float) -> tuple[list[str], list[di
 def select_tasks(target, candidates: Mapping[str, object], p: float = 0.05, *, method: str = "full",
                  feature: str = "mean", k: int | None = None, seed: int = 0,
                  shrinkage: float | None = None) -> SelectionResult:
-    """Choose fine-tuning tasks for a target task by consistency and coverage (paper 001 Algorithm 1).
+    """Choose fine-tuning tasks for a target task by consistency and coverage (Xu's thesis Algorithm 1).
 
     target: (n₀, d) embeddings of the target task's examples.
     candidates: name → (nᵢ, d) embeddings of each candidate task (at least one; nᵢ ≥ 2).
@@ -258,9 +258,9 @@ def drift_risk(finetune_embeddings, keep_tasks: Mapping[str, object], *, band: t
 
     finetune_embeddings: (n, d) embeddings of the fine-tuning examples; keep_tasks: name → (nᵢ, d).
     The similarity estimate is r = (1 + cos(μ_ft − c, μ_keep − c)) / 2 ∈ [0, 1] with c = `center`
-    (d,) or 0. For ±1 vectors (paper 000's bit strings mapped b ↦ 2b − 1) this is exactly the fraction
+    (d,) or 0. For ±1 vectors (Ni et al.'s bit strings mapped b ↦ 2b − 1) this is exactly the fraction
     of equal bits, the similarity of 000 Def. 4: r = 1 same direction, r = 1/2 unrelated (orthogonal),
-    r = 0 opposite. Paper 000 (Thm. A2, App. C) finds that fine-tuning data of *intermediate*
+    r = 0 opposite. Ni et al. (Thm. A2, App. C) finds that fine-tuning data of *intermediate*
     similarity to a base task — below and near 1/2 — degrades it most, while r ≈ 0 or r ≈ 1 do little
     harm; tasks with r inside `band` (inclusive) are flagged ``at_risk``.
 

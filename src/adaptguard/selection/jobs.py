@@ -112,7 +112,7 @@ def run_drift_risk(finetune: str, keep: Sequence[str], *, model: str | Path, emb
                    text_column: str = "text", split: str = "train", seed: int = 0, batch_size: int = 16,
                    device: str = "cpu") -> dict:
     """`adaptguard drift risk`: the similarity of a fine-tuning dataset to each dataset whose ability must be
-    kept (see `drift_risk`), flagging the intermediate band paper 000 warns about.
+    kept (see `drift_risk`), flagging the intermediate band Ni et al. warns about.
 
     Raw LM embeddings share a large common direction, so the centre `c` of `drift_risk` is the average of
     the per-dataset mean embeddings (fine-tuning set and keep sets weighted equally): similarities are

@@ -1,4 +1,4 @@
-"""Trainer callbacks: Wise-FT interpolation and token-level analysis (paper 003 §4.2, §4.3)."""
+"""Trainer callbacks: Wise-FT interpolation and token-level analysis (Lin et al. §4.2, §4.3)."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ class WiseFTCallback(TrainerCallback):
 
 
 class TokenAnalysisCallback(TrainerCallback):
-    """Token-level analysis (paper 003 §4.3) for a `TALRTrainer`.
+    """Token-level analysis (Lin et al. §4.3) for a `TALRTrainer`.
 
     Before training and at every epoch end, scores the first `args.token_analysis_max_examples`
     training rows with the current model and records the distribution of the supervised tokens'
@@ -186,7 +186,7 @@ def method_label(args) -> str:
 
 def save_heatmap(examples: list[tuple[str, list[str], list[float]]], path: Path, title: str = "", width: int = 16,
                  context: int = 24) -> None:
-    """Token-probability heatmap (paper 003 Fig. 3a), written atomically as PNG. `examples`: (label, tokens,
+    """Token-probability heatmap (Lin et al. Fig. 3a), written atomically as PNG. `examples`: (label, tokens,
     probabilities) with NaN for unsupervised tokens; each example starts a new line and wraps every `width`
     tokens. Supervised tokens are shaded by p (darker = more confident); the prompt is shown in grey as
     context, its last `context` tokens before the first supervised one."""

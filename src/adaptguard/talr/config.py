@@ -13,7 +13,7 @@ from .losses import check_weight_floor
 @dataclass
 class TALRConfig(SFTConfig):
     r"""Configuration for [`TALRTrainer`]: everything of `SFTConfig` plus TALR and the domain-SFT baselines
-    of paper 003 (Lin et al., *SFT Doesn't Always Hurt General Capabilities*).
+    of Lin et al., *SFT Doesn't Always Hurt General Capabilities*.
 
     TALR (`weighting="talr"`) minimises `(1/N) Σ_t w_t ℓ_t` with `w_t = max(sg(exp(-ℓ_t/τ)), w_min)` and
     τ the median over the batch's sequences of their mean token loss. `weighting="none"` is plain SFT.
@@ -49,7 +49,7 @@ class TALRConfig(SFTConfig):
     kl_beta: float = field(
         default=0.0,
         metadata={"help": "KL baseline: adds β · KL_k3(π_θ ‖ π_ref) on supervised tokens, k3 = r − log r − 1 with "
-                  "r = π_ref/π_θ of the label token (paper 003 App. C.4 uses 0.001; 0 = off). The reference is the "
+                  "r = π_ref/π_θ of the label token (Lin et al. App. C.4 uses 0.001; 0 = off). The reference is the "
                   "model with its adapters disabled under PEFT, else a frozen copy of the initial model."},
     )
     flow: bool = field(
@@ -68,7 +68,7 @@ class TALRConfig(SFTConfig):
     )
     token_analysis: bool = field(
         default=False,
-        metadata={"help": "Token-level analysis (paper 003 §4.3): at each epoch end, the token-probability "
+        metadata={"help": "Token-level analysis (Lin et al. §4.3): at each epoch end, the token-probability "
                   "distribution over the training set, the fraction of tokens with p > 0.2 (curriculum signal) "
                   "and heatmap PNGs, written to `<output_dir>/token_analysis/`."},
     )

@@ -1,4 +1,4 @@
-"""TALR and its baselines (paper 003): token and sequence weights, the weighted loss, the KL and L2
+"""TALR and its baselines (Lin et al.): token and sequence weights, the weighted loss, the KL and L2
 regularisers, Wise-FT. Small pure functions, tensors in, tensors out; torch only.
 
 Shapes: B = batch size, T = number of scored (shifted) positions. `token_nll` is the per-token negative
@@ -48,7 +48,7 @@ def median(values: torch.Tensor) -> torch.Tensor:
 
 
 def talr_tau(token_nll: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Dynamic TALR temperature (paper 003 App. D.2): the median over the sequences that have at least
+    """Dynamic TALR temperature (Lin et al. App. D.2): the median over the sequences that have at least
     one supervised token of each sequence's mean supervised NLL, kept ≥ `TAU_MIN`.
 
     Returns a 0-d tensor; NaN when no sequence has a supervised token.
@@ -62,7 +62,7 @@ def talr_tau(token_nll: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def talr_token_weights(
     token_nll: torch.Tensor, mask: torch.Tensor, tau: float | None = None, weight_floor: float = 0.01
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """TALR token weights (paper 003 §4.1, Algorithm 1): `w_t = max(sg(exp(-ℓ_t / τ)), w_min)`.
+    """TALR token weights (Lin et al. §4.1, Algorithm 1): `w_t = max(sg(exp(-ℓ_t / τ)), w_min)`.
 
     Args:
         token_nll: (B, T) per-token NLL `ℓ_t = -log p_t`.

@@ -56,7 +56,7 @@ class _FlowCollator:
 
 
 class TALRTrainer(SFTBookkeeping, SFTTrainer):
-    r"""`SFTTrainer` with token-adaptive loss reweighting (TALR, paper 003 §4.1) and the domain-SFT
+    r"""`SFTTrainer` with token-adaptive loss reweighting (TALR, Lin et al. §4.1) and the domain-SFT
     baselines (L2-to-init, k3-KL to the reference, FLOW, Wise-FT; LoRA through `peft_config`).
 
     Same constructor as `SFTTrainer`, plus an optional `ref_model` for `kl_beta > 0` without PEFT (by

@@ -1,4 +1,4 @@
-"""Compositional in-context learning: the logical task suite of paper 001 (Ch. 4.3.1, §9.1).
+"""Compositional in-context learning: the logical task suite of Xu's thesis (Ch. 4.3.1, §9.1).
 
 Eight simple tasks (Table 4.2) and seven composite tasks built from pairs of them (Table 4.3, §9.1.1).
 A composite either composes *by parts* (each part of the input gets its own simple task: A+F, D+F) or
@@ -94,7 +94,7 @@ SETTINGS = ("simple1", "simple2", "composite", "composite_icl")
 TASK_NAMES = {"A": "capitalization", "B": "swap", "C": "two sum", "D": "past tense", "E": "opposite",
               "F": "plus one", "G": "modular", "H": "two sum plus one"}
 
-# (task, input, output) of paper 001: Table 4.2, Table 4.3 and Table 4.1 (composite in-context).
+# (task, input, output) of Xu's thesis: Table 4.2, Table 4.3 and Table 4.1 (composite in-context).
 PAPER_EXAMPLES = (
     ("A", "apple", "APPLE"), ("B", "bell ford", "ford bell"), ("C", "twenty @ eleven", "thirty-one"),
     ("D", "pay", "paid"), ("E", "Above", "Below"), ("F", "435", "436"), ("G", "15 @ 6", "3"),
@@ -523,7 +523,7 @@ def _outputs(outputs: str | Sequence[str]) -> list[str]:
 
 
 def word_exact_match(prediction: str, outputs: str | Sequence[str]) -> float:
-    """Matched words / words of the truth (paper 001 §9.1.2), best over the accepted `outputs`.
+    """Matched words / words of the truth (Xu's thesis §9.1.2), best over the accepted `outputs`.
 
     The prediction's first line is split on whitespace; word i matches when it equals word i of the
     truth (position-wise, case-sensitive). Returns a value in [0, 1]."""

@@ -1,4 +1,4 @@
-"""Compositional translation tasks (paper 001 §4.3.2, §9.2): English sentences of a small COGS-like
+"""Compositional translation tasks (Xu's thesis §4.3.2, §9.2): English sentences of a small COGS-like
 grammar (Kim & Linzen 2020) translated to chain-structured logical forms, as in COFE (An et al. 2023).
 
 Source grammar (seeded, fixed lexicon): proper names (`Liam`) and common nouns with a determiner

@@ -1,4 +1,4 @@
-"""`adaptguard update --preset tiny`: paper 002's experiment on the embedded bases, ready to run."""
+"""`adaptguard update --preset tiny`: Echterhoff et al.'s experiment on the embedded bases, ready to run."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ def paraphrase_split(train_fraction: float = 0.3, seed: int = 0) -> tuple[list[d
 
 
 def tiny_preset(output_dir: str = "update-out", split_seed: int = 0, seed: int = 0) -> UpdateConfig:
-    """Paper 002's experiment on the embedded bases `tiny` → `tiny-v2` (larger, trained longer).
+    """Echterhoff et al.'s experiment on the embedded bases `tiny` → `tiny-v2` (larger, trained longer).
 
-    The mask is LL_L (`old_likelier_token`, paper 002 §6.5), not eq. 1's `student_wrong`: the task
+    The mask is LL_L (`old_likelier_token`, Echterhoff et al. §6.5), not eq. 1's `student_wrong`: the task
     adapters here fit every training token, so "the student is wrong" never happens on the training
     set and eq. 1 leaves the adapter unchanged (measured, docs/muscle.md); LL_L compares the two task
     models' probabilities of the label and still finds the tokens where v1 is the better teacher.
