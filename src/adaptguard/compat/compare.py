@@ -10,15 +10,14 @@ Works for any lm-eval task logged with `--log_samples`:
 from __future__ import annotations
 
 import fnmatch
-import json
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ..plugins import get_similarity
+from .comparison import Comparison, TaskComparison
 from .decide import across_verdict, churn, flag_regressions, is_churn, pooled_entry
+from .flips import same_choices
 from .formats import read_runs
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
 from .replicates import chance_rate, items_beyond_noise, replicate_flips
@@ -26,97 +25,6 @@ from .runs import RunError, Sample, TaskRun
 from .sequential import load_record, restrict, sequential_entry
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
-
-
-@dataclass
-class TaskComparison(Mapping[str, Any]):
-    """One task (and filter) compared. `metrics` is its entry in `report.json`, in order: what identifies it (`task`,
-    `filter`, `output_type`, `metric`), the flip metrics, and where they apply `compatible` and the Δ-metrics, the
-    similarity metrics, `replicates`, `items`, `churn`, `sequential`, `regression`. Which keys a task has depends on
-    its kind, so they stay one mapping, read as `entry["nfr"]` (the decisions, `decide`, take any such mapping). The
-    other fields are the per-item data behind them, which the JSON leaves out."""
-
-    metrics: dict[str, Any]
-    samples: tuple[list[Sample], list[Sample]] | None = None  # the first old and new run's samples, in item order
-    correct: tuple[list[float], list[float]] | None = None  # their 0/1 metric per item; None: scored by similarity only
-    runs: tuple[list[list[float]], list[list[float]]] | None = None  # every run's 0/1 per item, per side (first: correct)
-    run_samples: tuple[list[list[Sample]], list[list[Sample]]] | None = None  # every run's samples, with replicates
-    delta: list[float] | None = None  # S(new) − S(old) per item, with --similarity
-
-    def __getitem__(self, key: str) -> Any:
-        return self.metrics[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.metrics)
-
-    def __len__(self) -> int:
-        return len(self.metrics)
-
-    @classmethod
-    def of(cls, entry: Mapping) -> TaskComparison:
-        """`entry` typed: as it is, or a mapping of metrics (a `report.json` entry, or one built by hand, where
-        `_correct` holds the old and new 0/1 per item, as `update.arms` draws its quadrants)."""
-        if isinstance(entry, TaskComparison):
-            return entry
-        return cls({k: v for k, v in entry.items() if not k.startswith("_")}, correct=entry.get("_correct"))
-
-
-@dataclass
-class Comparison(Mapping[str, Any]):
-    """What `compare_runs` found, built once; every output renders it (`report`, `gate`). `to_json()` is
-    `report.json`: these fields in order (`gate` and `negative_flips` where set), each task as its `metrics`. It reads
-    as that mapping too (`report["tasks"]["mmlu"]["nfr"]`), for code written against the dict."""
-
-    old: str | list[str] = ""  # the old run, or its replicates
-    new: str | list = ""  # the new run; with several candidates a list, each a run or a list of replicates
-    runs: dict[str, Any] = field(default_factory=dict)  # {"old": the old side's runs, "new": [each candidate's]}
-    compatible: str | None = None  # the --compatible run
-    alpha: float = 0.05
-    level: float = 0.95  # the intervals' level, 1 − 2α: the one each decision uses (`decide.interval`)
-    include_churn: bool = False
-    tasks: dict[str, TaskComparison] = field(default_factory=dict)  # task, `task,filter` or `task [candidate]`
-    overall: dict[str, dict] = field(default_factory=dict)  # per candidate: its tasks that are not churn, pooled
-    across_tasks: dict[str, dict] = field(default_factory=dict)  # per candidate: Kübler et al.'s verdict
-    notes: list[str] = field(default_factory=list)  # what was chosen for the user
-    gate: dict | None = None  # `gate.check_gate`'s decisions, with --fail-on
-    negative_flips: dict[str, list[dict]] | None = None  # per task, the flips --show-flips shows
-
-    @classmethod
-    def of(cls, report: Mapping) -> Comparison:
-        """`report` typed: as it is, or a mapping shaped as `report.json` (read back, or built by hand)."""
-        if isinstance(report, Comparison):
-            return report
-        return cls(**{**report, "tasks": {k: TaskComparison.of(e) for k, e in report.get("tasks", {}).items()}})
-
-    def _keys(self) -> list[str]:
-        return [f.name for f in fields(self) if getattr(self, f.name) is not None
-                or f.name not in ("gate", "negative_flips")]
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._keys():
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys())
-
-    def __len__(self) -> int:
-        return len(self._keys())
-
-    def to_json(self) -> str:
-        """`report.json`: every field, each task's metrics without its per-item data."""
-        return json.dumps(json_ready({**self, "tasks": {k: e.metrics for k, e in self.tasks.items()}}), indent=2)
-
-
-def json_ready(obj):
-    """`obj` for JSON: tuples as lists, a float that is not finite as null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: json_ready(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_ready(v) for v in obj]
-    return obj
 
 
 def check_same_setup(old: TaskRun, new: TaskRun, labels=("old", "new")) -> None:
@@ -302,21 +210,6 @@ def _pair_means(entry: dict, olds: list[list[float]], news: list[list[float]]) -
     entry.update(inconsistency_flips=None, mcnemar_p=None, pfr_ci=None, nfr_ci=None, counts_are_means=True)
 
 
-def _same_choices(samples: list, look: int = 50) -> bool:
-    """Whether the task offers every item the same choices (a fixed label set, e.g. True / False), read back from the
-    first `look` samples' lines: only then is the gold index a label whose majority share is a chance rate. Samples
-    held in memory (no lines to read) count as varying."""
-    from .flips import _choices, _read_lines
-
-    wheres = [s.where for s in samples[:look]]
-    if not all(w and w.rpartition(":")[2].isdigit() for w in wheres):
-        return False
-    records = _read_lines(set(wheres))
-    lists = [_choices(records[w]) for w in wheres]
-    # records without their continuations (a trimmed log) say nothing of a fixed label set: 1/#choices is the rate
-    return all(c is not None for c in lists) and len({tuple(c) for c in lists}) == 1
-
-
 def _is_churn(entry: Mapping, samples: list, alpha: float) -> dict | None:
     """Chance churn of a multiple-choice task (`decide.churn`), its chance level from its output type: the mean of
     1/#choices, or — where every item offers the same choices — the majority label's share
@@ -326,7 +219,7 @@ def _is_churn(entry: Mapping, samples: list, alpha: float) -> dict | None:
         return None
     if any(s.n_choices is None or s.n_choices < 2 for s in samples):
         return None
-    fixed = _same_choices(samples)
+    fixed = same_choices(samples)
     chance = chance_rate([s.n_choices for s in samples],
                          [s.target for s in samples] if fixed else list(range(len(samples))))
     n = entry["n"]

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
+from .comparison import TaskComparison
 from .runs import RunError, Sample
-
-if TYPE_CHECKING:
-    from .compare import TaskComparison
 
 
 def _read_lines(wheres: set[str]) -> dict[str, dict]:
@@ -143,3 +140,16 @@ def _replicated_documents(entry: TaskComparison, negative_only: bool, limit: int
                     rerun_flip_rate=items["rerun_flip_rate"][i])
         out.append(item)
     return out
+
+
+def same_choices(samples: list, look: int = 50) -> bool:
+    """Whether the task offers every item the same choices (a fixed label set, e.g. True / False), read back from the
+    first `look` samples' lines: only then is the gold index a label whose majority share is a chance rate. Samples
+    held in memory (no lines to read) count as varying."""
+    wheres = [s.where for s in samples[:look]]
+    if not all(w and w.rpartition(":")[2].isdigit() for w in wheres):
+        return False
+    records = _read_lines(set(wheres))
+    lists = [_choices(records[w]) for w in wheres]
+    # records without their continuations (a trimmed log) say nothing of a fixed label set: 1/#choices is the rate
+    return all(c is not None for c in lists) and len({tuple(c) for c in lists}) == 1

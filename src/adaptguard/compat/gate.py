@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .compare import Comparison
+from .comparison import Comparison
 from .decide import (
     DECISIONS,
     FLIP_METRICS,

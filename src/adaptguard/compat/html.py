@@ -74,7 +74,8 @@ SCRIPT = """
 """
 
 
-def _e(value) -> str:
+def escaped(value) -> str:
+    """`value` as HTML text, escaped (None as nothing)."""
     return html.escape("" if value is None else str(value))
 
 
@@ -84,7 +85,7 @@ def marked_difference(old: str, new: str) -> tuple[str, str]:
     a, b = str(old).split(" "), str(new).split(" ")
     left, right = [], []
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        x, y = _e(" ".join(a[i1:i2])), _e(" ".join(b[j1:j2]))
+        x, y = escaped(" ".join(a[i1:i2])), escaped(" ".join(b[j1:j2]))
         if op == "equal":
             left.append(x)
             right.append(y)
@@ -97,8 +98,8 @@ def marked_difference(old: str, new: str) -> tuple[str, str]:
 
 
 def table(header: list[str], rows: list[list[str]], escape: bool = True) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c) if escape else c}</td>" for c in r) + "</tr>" for r in rows)
+    head = "".join(f"<th>{escaped(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escaped(c) if escape else c}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -125,7 +126,7 @@ def flips_section(flips: list[dict], counts: dict[str, dict[str, int]], cap: int
     rows = []
     for f in shown:
         old, new = (marked_difference(f["old"], f["new"]) if isinstance(f["old"], str) and isinstance(f["new"], str)
-                    else (_e(f["old"]), _e(f["new"])))
+                    else (escaped(f["old"]), escaped(f["new"])))
         label = "broke" if f["kind"] == "negative" else "fixed"
         # a 0/1 flip: the old answer was right when it broke; a similarity flip has no right or wrong
         old_right = None if "delta" in f else f["kind"] == "negative"
@@ -134,23 +135,23 @@ def flips_section(flips: list[dict], counts: dict[str, dict[str, int]], cap: int
             text = (f"{label} in {f['pairs']} of {f['of_pairs']} pairs" if "pairs" in f else "")
             if f.get("beyond_noise"):
                 text += " — beyond rerun noise"
-            pairs = f'<td class="{"beyond" if f.get("beyond_noise") else ""}">{_e(text)}</td>'
-        rows.append(f'<tr class="kind-{f["kind"]}" data-task="{_e(f["task"])}" data-kind="{label}" '
+            pairs = f'<td class="{"beyond" if f.get("beyond_noise") else ""}">{escaped(text)}</td>'
+        rows.append(f'<tr class="kind-{f["kind"]}" data-task="{escaped(f["task"])}" data-kind="{label}" '
                     f'data-beyond="{int(bool(f.get("beyond_noise")))}" data-changed="{int(f["old"] != f["new"])}">'
-                    f'<td>{_e(f["task"])}</td><td data-sort="{_e(f["doc_id"])}">{_e(f["doc_id"])}</td>'
-                    f'<td class="kind">{label}</td>{pairs}<td class="prompt">{_e(f.get("prompt"))}</td>'
-                    f'<td class="answer">{_e(f.get("gold"))}</td>'
+                    f'<td>{escaped(f["task"])}</td><td data-sort="{escaped(f["doc_id"])}">{escaped(f["doc_id"])}</td>'
+                    f'<td class="kind">{label}</td>{pairs}<td class="prompt">{escaped(f.get("prompt"))}</td>'
+                    f'<td class="answer">{escaped(f.get("gold"))}</td>'
                     f'<td class="answer">{_verdict_word(old_right)}{old}</td>'
                     f'<td class="answer">{_verdict_word(None if old_right is None else not old_right)}{new}</td></tr>')
-    options = "".join(f'<option value="{_e(t)}">{_e(t)}</option>' for t in tasks)
+    options = "".join(f'<option value="{escaped(t)}">{escaped(t)}</option>' for t in tasks)
     total = sum(n for c in counts.values() for n in c.values())
     headers = ("task", "doc", "direction", *(("run pairs",) if replicated else ()), "prompt", "gold", "old answer",
                "new answer")
-    return (f'<h2>The flipped items</h2><p class="note">{_e(note)}Broke = right before, wrong after (a negative '
+    return (f'<h2>The flipped items</h2><p class="note">{escaped(note)}Broke = right before, wrong after (a negative '
             f'flip); fixed = wrong before, right after. {total} flipped items in all; each answer is marked right or '
             f'wrong, and the words that changed between them are highlighted.</p>'
             + (f'<p class="note" id="capped">Up to {cap} per task and direction are shown: '
-               f'{_e("; ".join(capped))} (every flip: <code>--flips-out</code>).</p>' if capped else "")
+               f'{escaped("; ".join(capped))} (every flip: <code>--flips-out</code>).</p>' if capped else "")
             + f'<div class="controls"><label>task <select id="task"><option value="">all</option>{options}</select>'
               f'</label><label>direction <select id="kind"><option value="">both</option><option value="broke">'
               f'broke</option><option value="fixed">fixed</option></select></label>'
@@ -170,11 +171,11 @@ def page(title: str, verdict: str, status: str, sections: list[str]) -> str:
     strings), the style and script inline."""
     if status not in VERDICT_STATUSES:
         raise ValueError(f"page status must be one of {VERDICT_STATUSES}, got {status!r}")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escaped(title)}</title>'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{STYLE}</style></head><body>'
-            f'<h1>{_e(title)}</h1><div class="verdict {status}" id="verdict">{_e(verdict)}</div>'
+            f'<h1>{escaped(title)}</h1><div class="verdict {status}" id="verdict">{escaped(verdict)}</div>'
             + "".join(sections) + f"<script>{SCRIPT}</script></body></html>\n")
 
 
 def figure(png: bytes, alt: str) -> str:
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+    return f'<img alt="{escaped(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'

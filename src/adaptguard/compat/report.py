@@ -14,7 +14,7 @@ import numpy as np
 
 from ..utils.figures import new_figure, save_figure
 from ..utils.files import atomic_write_text
-from .compare import Comparison, json_ready
+from .comparison import Comparison, json_ready
 from .flips import shorten
 
 
@@ -394,19 +394,19 @@ def write_outputs(report: Comparison | Mapping, json_path=None, markdown_path=No
 def _gate_section(gate: dict) -> list[str]:
     """The gate's decisions as lists: breaches, then undecided thresholds, then what was left out."""
     from .gate import decision_line
-    from .html import _e
+    from .html import escaped
 
     out = []
     for kind, title in (("breach", "Breaches"), ("undecided", "Undecided"), ("clear", "Clear")):
         found = [d for d in gate["decisions"] if d["decision"] == kind]
         if found:
             out += [f"<h3>{title} ({len(found)})</h3>",
-                    f'<ul class="decisions {kind}">' + "".join(f"<li>{_e(decision_line(d))}</li>" for d in found)
+                    f'<ul class="decisions {kind}">' + "".join(f"<li>{escaped(decision_line(d))}</li>" for d in found)
                     + "</ul>"]
     if gate.get("nothing_decided"):
-        out.append(f"<p>{_e(gate['nothing_decided'])}</p>")
+        out.append(f"<p>{escaped(gate['nothing_decided'])}</p>")
     elif gate["left_out"]:
-        out.append("<p class='note'>Left out: " + _e("; ".join(f"{x['task']} [{x['expr']}]: {x['why']}"
+        out.append("<p class='note'>Left out: " + escaped("; ".join(f"{x['task']} [{x['expr']}]: {x['why']}"
                                                                 for x in gate["left_out"])) + "</p>")
     return out
 
@@ -434,7 +434,7 @@ def no_gate_line(report: Comparison) -> str:
 def compare_page(report: Comparison | Mapping, flips: list[dict], figure_png: bytes | None) -> str:
     """`adaptguard compare --html`: the gate's outcome (or the tasks' verdicts) first, its decisions as lists, the
     table, the sentences, the legend, the figure, then the flipped items."""
-    from .html import _e, figure, flips_section, page, table
+    from .html import escaped, figure, flips_section, page, table
 
     report = Comparison.of(report)
     gate = report.gate
@@ -453,9 +453,9 @@ def compare_page(report: Comparison | Mapping, flips: list[dict], figure_png: by
         counts.setdefault(f["task"], {}).setdefault(f["kind"], 0)
         counts[f["task"]][f["kind"]] += 1
     replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report.tasks.values())
-    sections += ["<h2>Per task</h2>", table(header, rows), "<ul>" + "".join(f"<li>{_e(x)}</li>" for x in
+    sections += ["<h2>Per task</h2>", table(header, rows), "<ul>" + "".join(f"<li>{escaped(x)}</li>" for x in
                                                                           _explained(report)) + "</ul>",
-                 "<p class='note'>" + "<br>".join(_e(x) for x in legend(report)) + "</p>"]
+                 "<p class='note'>" + "<br>".join(escaped(x) for x in legend(report)) + "</p>"]
     if figure_png:
         sections += ["<h2>Flip quadrants</h2>", figure(figure_png, "flip quadrants per task")]
     note = ("With replicate runs, an item is listed when it flipped in at least one (old run, new run) pair; "
