@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
-from types import SimpleNamespace
+from functools import cached_property
 
 import torch
 from datasets import IterableDataset
@@ -19,15 +18,10 @@ from ..trl_adapter import (
     refuse_partitioning,
 )
 from ..utils.checks import check_completions, check_tokenizer_fits
-from ..utils.labels import IGNORE_INDEX, shifted_labels
 from .config import MUSCLEConfig
-from .heads import backbone_outputs, last_hidden_state, output_head
+from .heads import last_hidden_state, output_head
 from .logit_cache import LogitCache, row_fingerprint
-from .losses import muscle_token_loss_chunked
-from .masks import focal_item_weights
-from .tiled import muscle_token_loss_tiled
-
-logger = logging.getLogger(__name__)
+from .loss_paths import ExactLoss, MUSCLELoss, TiledLoss, choose_loss
 
 NEW_TEACHER = "muscle_new_teacher"
 
@@ -106,22 +100,6 @@ def match_added_tokens(teacher, student) -> None:
                 mine.bias[size:] = theirs.bias[size:].to(mine.bias)
 
 
-def router_aux_loss(model, router_logits, attention_mask) -> torch.Tensor:
-    """An MoE model's load-balancing loss from its router logits, as SFTTrainer's fused head computes it (Mixtral's
-    `load_balancing_loss_func`, which every MoE family of transformers shares)."""
-    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
-
-    config = model.config.get_text_config()
-    return load_balancing_loss_func(router_logits, config.num_experts, config.num_experts_per_tok, attention_mask)
-
-
-def is_prompt_learning(model) -> bool:
-    """Whether `model` is a `PeftModel` whose adapter acts on the inputs (prompt / prefix tuning, prompt encoder)."""
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel) and model.peft_config[model.active_adapter].is_prompt_learning
-
-
 class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
     r"""MUSCLE (paper 002 §4.1): train the new model (v2) so that the updated task model keeps the old one's right
     answers. Trains the three ways SFTTrainer does; the new teacher is v2 as it was before training:
@@ -158,8 +136,7 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         if args.label_smoothing_factor > 0 or args.loss_type != "nll":
             raise ValueError("MUSCLETrainer's loss distils the old and new models' distributions: label_smoothing_factor "
                              "and loss_type do not apply (the label term is ce_weight)")
-        # unknown names fail before anything loads; focal's per-item weights read the mask's inputs
-        self._mask = _SeenInputs(get_muscle_mask(args.mask)) if args.focal_beta > 0 else get_muscle_mask(args.mask)
+        self.mask = get_muscle_mask(args.mask)  # an unknown name fails before anything loads
         check_completions(kwargs.get("train_dataset", pos_args[1] if len(pos_args) > 1 else None))
         if isinstance(model, str):
             model = load_model(model, args)
@@ -218,18 +195,8 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
         self._forward_redirection = _ForwardRedirection()
         unwrapped = self.accelerator.unwrap_model(self.model)
         self._student_adapter = unwrapped.active_adapter if isinstance(unwrapped, PeftModel) else None
-        # Prompt-learning adapters act in PeftModel.forward, which the tiled loss (from the backbone) would skip
-        self._exact = args.loss_implementation in ("auto", "exact") and self._exact_reason(unwrapped) is None
-        if args.loss_implementation == "exact" and not self._exact:
-            raise ValueError(f"loss_implementation='exact': {self._exact_reason(unwrapped)}; use 'auto' or 'tiled'")
-        if args.loss_implementation == "auto" and not self._exact:
-            logger.info(f"MUSCLE: {self._exact_reason(unwrapped)}, so the loss is computed on vocabulary tiles "
-                        "(loss_implementation='tiled')")
-        tiled_asked = args.loss_implementation == "tiled" or (args.loss_implementation != "logits" and not self._exact)
-        self._tiled = tiled_asked and not self._exact and not is_prompt_learning(unwrapped)
-        if tiled_asked and not self._tiled and not self._exact:
-            logger.info("MUSCLE: a prompt-learning adapter acts before the backbone, so the loss is computed from "
-                        "the models' logits (loss_implementation='logits')")
+        # the loss, chosen once (`loss_paths.choose_loss`: a refusal or a fallback says why), built at the first batch
+        self._loss_class = choose_loss(args.loss_implementation, unwrapped, self.mask, self.old_cache)
         self._check_partitioning()
         self.new_model = None if new_model is None else prepare_frozen_model(new_model, self)
         if self.old_cache is not None:
@@ -240,32 +207,6 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
                 self.old_cache.rows_for([row_fingerprint(r["input_ids"], r["labels"]) for r in rows])
         else:
             self.old_model = prepare_frozen_model(old_model, self)
-
-    def _exact_reason(self, unwrapped) -> str | None:
-        """Why the exact loss from teacher vectors (`muscle.exact`) cannot serve this run (None when it can)."""
-        from .exact import check_reducible
-
-        if is_prompt_learning(unwrapped):
-            return "a prompt-learning adapter acts before the backbone"
-        if self.old_cache is not None and self.old_cache.kind != "vectors":
-            return "old_logits_cache holds top-k log-probabilities (an exact cache: adaptguard cache-logits --kind vectors)"
-        reason = check_reducible(output_head(unwrapped), unwrapped.get_output_embeddings().weight.requires_grad)
-        if reason:
-            return reason
-        mask = getattr(self._mask, "mask", self._mask)
-        if getattr(mask, "per_token", False):
-            return None
-        from .exact import _StudentNeeded, _TeachersOnly
-
-        probe = torch.zeros(1, 1, dtype=torch.long)
-        try:
-            mask(_TeachersOnly(labels=probe, valid=probe.bool(), old_top1=probe, new_top1=probe,
-                               old_label_logp=probe.float(), new_label_logp=probe.float()))
-        except _StudentNeeded:
-            return f"mask {self._mask.__name__!r} reads the student's answer across tokens"
-        except Exception:  # noqa: BLE001 - a mask that needs real inputs: decided on the first batch
-            return None
-        return None
 
     def _save(self, output_dir: str | None = None, state_dict=None):
         # the frozen teacher copy is the trainer's, not the user's: a saved model holds the student's adapter only
@@ -298,7 +239,18 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
 
     def _check_partitioning(self) -> None:
         # The tiled loss reads the LM heads' weights outside their modules' forward: whole, or FSDP2 DTensors
-        refuse_partitioning(self, ["loss_implementation='tiled'"] if self._tiled else [])
+        refuse_partitioning(self, ["loss_implementation='tiled'"] if self._loss_class is TiledLoss else [])
+
+    @property
+    def _exact(self) -> bool:
+        """Whether the exact loss serves this run (`choose_loss`)."""
+        return self._loss_class is ExactLoss
+
+    @cached_property
+    def _loss(self) -> MUSCLELoss:
+        """The run's loss, built at its first batch, the model then on its device (the exact loss picks its
+        log-sum-exp kernel from it)."""
+        return self._loss_class(self)
 
     @contextmanager
     def _as_new_teacher(self, model):
@@ -327,216 +279,86 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
             new_logits = teacher(**model_inputs).logits[:, -length:]  # a prompt-learning adapter's virtual tokens
         if self.old_cache is None:
             return self.old_model(**model_inputs).logits, new_logits
-        return self.cached_old_topk(model_inputs, labels), new_logits
-
-    def cached_old_topk(self, model_inputs, labels):
-        """The old model's top-k log-probabilities of the batch from the cache (rows found by fingerprint), as
-        `TopKLogProbs`: the KL is computed from this sparse form, never as a dense (B, L, V) tensor."""
-        mask = model_inputs["attention_mask"].bool()
-        prints = [row_fingerprint(ids[m], lab[m]) for ids, lab, m in zip(model_inputs["input_ids"], labels, mask)]
-        return self.old_cache.topk_batch(self.old_cache.rows_for(prints), labels)
-
-    def _frozen_hidden(self, wrapped, model_inputs):
-        """(last hidden states, head) of a frozen model, through its own wrapper, as TRL runs a teacher's backbone:
-        FSDP/DeepSpeed gather its sharded parameters in the wrapper's forward, which calling the backbone directly
-        would skip."""
-        unwrapped = self.accelerator.unwrap_model(wrapped)
-        return (self._forward_redirection(wrapped, unwrapped, last_hidden_state, unwrapped, model_inputs),
-                output_head(unwrapped))
+        return self.cached_old(model_inputs, labels), new_logits
 
     @torch.no_grad()
     def teacher_hidden(self, model, model_inputs, labels):
-        """(old, new) teachers for the tiled loss: new = (last hidden states, head) of v2 before training; old = the
-        same of the old model, or its cached top-k (`TopKLogProbs`)."""
-        if self.new_teacher == "copy":
-            new = self._frozen_hidden(self.new_model, model_inputs)
-        else:
-            with self._as_new_teacher(model) as teacher:
-                new = last_hidden_state(teacher, model_inputs), output_head(teacher)
+        """(old, new) teachers for the tiled and exact losses: new = (last hidden states, head) of v2 before training;
+        old = the same of the old model, or its cache's rows (`cached_old`)."""
+        new = self._frozen_hidden(self.new_model, model_inputs) if self.new_teacher == "copy" \
+            else self._live_new_teacher(model, model_inputs)
         if self.old_cache is not None:
-            return self.cached_old_topk(model_inputs, labels), new
+            return self.cached_old(model_inputs, labels), new
         return self._frozen_hidden(self.old_model, model_inputs), new
 
-    def _tiled_loss(self, model, inputs, labels, shifted):
-        """Runs inside the wrapper's forward (`_ForwardRedirection`), so DDP prepares its gradient reduction."""
-        old, (new_hidden, new_head) = self.teacher_hidden(model, inputs, labels)
-        student = backbone_outputs(model, {**inputs, **({"output_router_logits": True} if self.aux_loss_enabled
-                                                         else {})})
-        out = muscle_token_loss_tiled(student.last_hidden_state, output_head(model), new_hidden, new_head, old,
-                                      shifted, mask=self._mask, temperature=self.args.temperature,
-                                      token_chunk=self.args.kl_chunk_size, vocab_chunk=self.args.vocab_chunk_size,
-                                      compile=self.args.compile_loss)
-        aux = router_aux_loss(model, student.router_logits, inputs.get("attention_mask")) \
-            if self.aux_loss_enabled else None
-        return out, aux
+    def cached_old(self, model_inputs, labels):
+        """The old model on the batch from its cache (rows found by fingerprint): top-k log-probabilities
+        (`TopKLogProbs`, (B, L, k): the KL is computed from this sparse form, never as a dense (B, L, V) tensor), or
+        an exact cache's teacher vectors at the scored tokens (`exact.TeacherVectors`)."""
+        mask = model_inputs["attention_mask"].bool()
+        prints = [row_fingerprint(ids[m], lab[m]) for ids, lab, m in zip(model_inputs["input_ids"], labels, mask)]
+        rows = self.old_cache.rows_for(prints)
+        if self.old_cache.kind == "vectors":
+            return self.old_cache.vectors_batch(rows, labels)
+        return self.old_cache.topk_batch(rows, labels)
 
-    def _exact_loss(self, model, inputs, labels, shifted):
-        """The exact loss from teacher vectors (`muscle.exact`); runs inside the wrapper's forward, as `_tiled_loss`.
-        Returns per-token (B, T) grids: the weighted loss (its sum is the step's loss, gradient inside), the KL mix,
-        m, the student's argmax and entropy, and the cross-entropy's sum."""
-        from .exact import exact_token_loss, kernel_token_loss, lse_kernel_reason, mask_weights, stack, teacher_vectors
-        from .masks import old_right_items
+    def in_forward(self, wrapped, fn, *args):
+        """`fn(unwrapped model, *args)` run inside `wrapped`'s forward (`_ForwardRedirection`), as TRL runs a
+        model's backbone: DDP prepares its gradient reduction there, FSDP/DeepSpeed gather sharded parameters."""
+        unwrapped = self.accelerator.unwrap_model(wrapped)
+        return self._forward_redirection(wrapped, unwrapped, fn, unwrapped, *args)
 
-        args = self.args
-        valid = shifted != IGNORE_INDEX
-        scored = valid.reshape(-1).nonzero()[:, 0]
-        y = shifted.reshape(-1)[scored]
-        head = output_head(model)
-        at_scored = lambda h: h.reshape(-1, h.shape[-1])[scored]  # noqa: E731
-        new_hidden, new_head = (self._frozen_hidden(self.new_model, inputs) if self.new_teacher == "copy"
-                                else self._live_new_teacher(model, inputs))
-        new = teacher_vectors(at_scored(new_hidden), new_head, head, y, args.temperature, args.kl_chunk_size)
-        if self.old_cache is not None:
-            old = self.cached_old_vectors(inputs, labels, head)
-        else:
-            old_hidden, old_head = self._frozen_hidden(self.old_model, inputs)
-            old = teacher_vectors(at_scored(old_hidden), old_head, head, y, args.temperature, args.kl_chunk_size)
-        student = backbone_outputs(model, {**inputs, **({"output_router_logits": True} if self.aux_loss_enabled
-                                                         else {})})
-        item = torch.full((len(y),), args.distill_weight * args.focal_alpha, device=y.device)
-        if args.focal_beta > 0:  # w_i = α + β·1[v1 right on item i], from v1's argmax on every token of the row
-            grid = torch.zeros(shifted.numel(), dtype=torch.long, device=y.device)
-            grid[scored] = old.top1
-            right = old_right_items(SimpleNamespace(old_top1=grid.view(shifted.shape), labels=shifted, valid=valid))
-            rows = torch.div(scored, shifted.shape[1], rounding_mode="floor")
-            item = args.distill_weight * (args.focal_alpha + args.focal_beta * right[rows].float())
-        weights = mask_weights(getattr(self._mask, "mask", self._mask), shifted, scored, old, new, item)
-        ce = torch.full_like(item, args.ce_weight) if args.ce_weight > 0 else None
-        hidden = at_scored(student.last_hidden_state)
-        kernel_reason = lse_kernel_reason(head, weights.reads_student)
-        if args.lse_kernel == "cut_cross_entropy" and kernel_reason:
-            raise ValueError(f"lse_kernel='cut_cross_entropy': {kernel_reason}; use lse_kernel='torch' or 'auto'")
-        if args.lse_kernel == "cut_cross_entropy" or (args.lse_kernel == "auto" and hidden.is_cuda
-                                                      and kernel_reason is None):
-            all_weights = weights(torch.arange(len(y), device=y.device), None)
-            loss, kl_mix, ce_part = kernel_token_loss(hidden, head, y, all_weights, stack([old, new]),
-                                                      temperature=args.temperature, ce_weight=ce)
-            out = SimpleNamespace(loss=loss, kl=kl_mix, ce=ce_part, weights=all_weights, student_top1=None,
-                                  student_entropy=None)
-        else:
-            out = exact_token_loss(hidden, head, y, weights, cached=stack([old, new]), temperature=args.temperature,
-                                   ce_weight=ce, token_chunk=args.kl_chunk_size)
-        aux = router_aux_loss(model, student.router_logits, inputs.get("attention_mask")) \
-            if self.aux_loss_enabled else None
-        w = out.weights.sum(-1)
-        m = torch.where(w > 0, out.weights[:, 0] / w.clamp(min=1e-30), (item == 0) * 0.0)
-
-        def grid_of(values, dtype=torch.float32):
-            if values is None:  # the kernel path: no student logits were built to read it from
-                return None
-            g = torch.zeros(shifted.numel(), dtype=dtype, device=y.device)
-            g[scored] = values.to(dtype)
-            return g.view(shifted.shape)
-
-        # the KL mix without λ·w_i, as the other paths log it (0 where λ·w_i is 0: nothing distils there)
-        kl = torch.where(item > 0, out.kl / item.clamp(min=1e-30), torch.zeros_like(out.kl))
-        return (out.loss.sum(), grid_of(kl), grid_of(m), grid_of(out.student_top1, torch.long),
-                grid_of(out.student_entropy), out.ce.sum()), aux
+    def _frozen_hidden(self, wrapped, model_inputs):
+        """(last hidden states, head) of a frozen model, through its own wrapper (`in_forward`): calling the
+        backbone directly would skip the gathering of its sharded parameters."""
+        return self.in_forward(wrapped, last_hidden_state, model_inputs), \
+            output_head(self.accelerator.unwrap_model(wrapped))
 
     def _live_new_teacher(self, model, inputs):
+        """(last hidden states, head) of v2 before training, from the student's own model (`_as_new_teacher`)."""
         with torch.no_grad(), self._as_new_teacher(model) as teacher:
             return last_hidden_state(teacher, inputs), output_head(teacher)
 
-    def cached_old_vectors(self, model_inputs, labels, head):
-        """The old model's teacher vectors of the batch's scored tokens from an exact cache (rows found by
-        fingerprint), checked against the student's output layer and temperature."""
-        self.old_cache.check_vectors(head, self.args.temperature)
-        mask = model_inputs["attention_mask"].bool()
-        prints = [row_fingerprint(ids[m], lab[m]) for ids, lab, m in zip(model_inputs["input_ids"], labels, mask)]
-        return self.old_cache.vectors_batch(self.old_cache.rows_for(prints), labels)
-
-    def _distillation_weights(self, per_token: torch.Tensor) -> torch.Tensor:
-        """λ·w_i times each token's KL (B, T): w_i = α + β·1[v1 right on item i] (focal distillation)."""
-        args = self.args
-        if args.focal_beta > 0:
-            weights = focal_item_weights(self._mask.inputs, args.focal_alpha, args.focal_beta)[:, None]
-            return args.distill_weight * weights * per_token
-        scale = args.distill_weight * args.focal_alpha
-        return per_token if scale == 1 else scale * per_token
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"
-        args = self.args
         inputs = {**inputs, "use_cache": False}
         labels = inputs.pop("labels")
-        shifted = shifted_labels(labels)  # shift the labels, not the (large) logits
-        valid = shifted != IGNORE_INDEX
-        outputs = None
-        if self._exact:
-            unwrapped = self.accelerator.unwrap_model(model)
-            with self.accelerator.autocast():
-                (total, per_token, m, student_top1, entropy, ce_sum), aux = self._forward_redirection(
-                    model, unwrapped, self._exact_loss, unwrapped, inputs, labels, shifted)
-        elif self._tiled:
-            unwrapped = self.accelerator.unwrap_model(model)
-            # accelerate's mixed precision is an autocast around the model's forward, which the redirection
-            # replaces and the backbones bypass: without this, bf16=True would train and distil in fp32
-            with self.accelerator.autocast():
-                out, aux = self._forward_redirection(model, unwrapped, self._tiled_loss, unwrapped, inputs, labels,
-                                                     shifted)
-            per_token, m, student_top1, entropy = out.kl, out.m, out.student_top1, out.student_entropy
-            ce_sum = out.ce.sum()
-        else:  # the (B, L, V) logits of all three models, then a chunked KL: for debugging, prompt learning
-            old_logits, new_logits = self.teacher_logits(model, inputs, labels)
-            outputs = model(**inputs, **({"output_router_logits": True} if self.aux_loss_enabled else {}))
-            aux = outputs.aux_loss if self.aux_loss_enabled else None
-            student = outputs.logits[:, -labels.shape[1]:]  # a prompt-learning adapter's virtual tokens dropped
-            per_token, m = muscle_token_loss_chunked(student, old_logits, new_logits, shifted, mask=self._mask,
-                                                     temperature=args.temperature, chunk_size=args.kl_chunk_size or 1024)
-            with torch.no_grad():
-                student_top1 = student.argmax(-1)
-                entropy = torch.distributions.Categorical(logits=student.float()).entropy() * valid
-            ce_sum = torch.nn.functional.cross_entropy(student.reshape(-1, student.shape[-1]).float(),
-                                                       shifted.reshape(-1), ignore_index=IGNORE_INDEX,
-                                                       reduction="sum") if args.ce_weight > 0 \
-                else torch.zeros((), device=student.device)
-        if not self._exact:  # the exact loss weighs its tokens and adds the cross-entropy itself
-            total = self._distillation_weights(per_token).sum()
-            if args.ce_weight > 0:
-                total = total + args.ce_weight * ce_sum
-        loss, steps = self.normalise_token_loss(total, valid.sum(), num_items_in_batch, mode)
-        if aux is not None and mode == "train":
+        out = self._loss(model, inputs, labels)
+        loss, steps = self.normalise_token_loss(out.loss, out.tokens, num_items_in_batch, mode)
+        if out.aux is not None and mode == "train":
             # as SFTTrainer: a per-micro-batch mean, averaged over the accumulation steps when the Trainer leaves
             # the accumulation to the loss
-            weighted = self.router_aux_loss_coef * aux
+            weighted = self.router_aux_loss_coef * out.aux
             loss = loss + (weighted / steps if num_items_in_batch is not None else weighted)
         self.check_finite(loss, mode)
+        self._log_loss(out, mode)
+        self.count_tokens(inputs, mode)
+        outputs = out.outputs
+        if return_outputs and outputs is None:
+            # TRL's prediction_step asks for outputs only when compute_metrics or preprocess_logits_for_metrics need
+            # the logits. The tiled and exact losses build none: the student's are computed here, in evaluation
+            # only, without gradients (as SFTTrainer recomputes them next to its fused head); training never holds
+            # them
+            with torch.no_grad():
+                outputs = model(**inputs)
+        return (loss, outputs) if return_outputs else loss
 
+    def _log_loss(self, out, mode: str) -> None:
+        """The step's metrics from the loss's sums (`MUSCLELossOutput`), summed over the processes."""
+        read_student = out.correct is not None  # not on the kernel path: no logits built
+        zero = torch.zeros((), device=out.tokens.device)
         with torch.no_grad():
-            read_student = student_top1 is not None  # not on the kernel path (no logits built)
-            correct = (student_top1 == shifted) & valid if read_student else torch.zeros_like(valid)
-            entropy = entropy if read_student else torch.zeros(1, device=valid.device)
-            sums = torch.stack([valid.sum().float(), m.sum().float(), correct.sum().float(),
-                                per_token.detach().sum().float(), ce_sum.detach().float(), entropy.sum().float()])
-            gathered = self.accelerator.gather_for_metrics(sums[None]).sum(0).tolist()
-            count, aligned_old, right, kl_sum, ce_total, entropy_sum = gathered
+            sums = torch.stack([t.float() for t in (out.tokens, out.aligned_old, out.correct if read_student else zero,
+                                                    out.kl, out.ce, out.entropy if read_student else zero)])
+            count, aligned_old, right, kl_sum, ce_total, entropy_sum = \
+                self.accelerator.gather_for_metrics(sums[None]).sum(0).tolist()
         if read_student:  # SFTTrainer's metrics, as its compute_loss logs them (0 for a batch without supervised tokens)
             self.log_metric(mode, "entropy", entropy_sum / count if count else 0.0)
             self.log_metric(mode, "mean_token_accuracy", right / count if count else 0.0)
         if count:
             self.log_metric(mode, "compat/frac_aligned_old", aligned_old / count)
             self.log_metric(mode, "compat/kl", kl_sum / count)
-            if args.ce_weight > 0:
+            if self.args.ce_weight > 0:
                 self.log_metric(mode, "compat/ce", ce_total / count)
-        self.count_tokens(inputs, mode)
-        if aux is not None:
-            self.log_metric(mode, "aux_loss", self.accelerator.gather_for_metrics(aux.detach()).mean().item())
-        if return_outputs and outputs is None:
-            # TRL's prediction_step asks for outputs only when compute_metrics or preprocess_logits_for_metrics need
-            # the logits. The tiled loss builds none: the student's are computed here, in evaluation only, without
-            # gradients (as SFTTrainer recomputes them next to its fused head); training never holds them
-            with torch.no_grad():
-                outputs = model(**inputs)
-        return (loss, outputs) if return_outputs else loss
-
-
-class _SeenInputs:
-    """A mask that keeps the `MaskInputs` it was last called with, so the trainer reads v1's per-item correctness
-    from the very statistics the loss computed (the tiled loss builds no logits to recompute them from)."""
-
-    def __init__(self, mask):
-        self.mask, self.__name__, self.inputs = mask, getattr(mask, "__name__", repr(mask)), None
-
-    def __call__(self, inputs):
-        self.inputs = inputs
-        return self.mask(inputs)
+        if out.aux is not None:
+            self.log_metric(mode, "aux_loss", self.accelerator.gather_for_metrics(out.aux.detach()).mean().item())
