@@ -18,10 +18,27 @@ scored by exact match of the greedy generation:
    "completion": [{"role": "assistant", "content": "Paris"}]}
 your models: "old_model" is v1 as you ship it (a PEFT adapter on old_base, or a full model), "new_adapter" v2's own
 adapter on new_base; both are used as they are. Without them, update trains them from train first.
+beyond this process: every training and scoring is a job stored in its own folder (the same results anywhere; a
+killed run resumes on any executor, redoing only unfinished jobs):
+  --executor ray --workers 2                 a local Ray cluster, 2 jobs at a time
+  --executor ray --ray-address auto          a running Ray cluster (config: cpus_per_job, gpus_per_job)
+  --executor slurm --slurm-partition gpu     Slurm via submitit (config: slurm_time_min, gpus_per_job, slurm_args)
 """
 
 
 def _update(ns: argparse.Namespace) -> int:
+    import sys
+
+    from ..update.executors import JobsFailed
+
+    try:
+        return _run(ns)
+    except JobsFailed as err:  # the others are stored: a re-run redoes only these
+        print(f"adaptguard update: {err}", file=sys.stderr)
+        return 1
+
+
+def _run(ns: argparse.Namespace) -> int:
     from ..update import (
         UpdateConfig,
         run_update,
@@ -38,6 +55,10 @@ def _update(ns: argparse.Namespace) -> int:
     cfg = tiny_preset(ns.out or "update-out") if ns.preset else UpdateConfig.from_file(ns.config)
     if ns.out and not ns.preset:
         cfg.output_dir = ns.out
+    where = {k: getattr(ns, k) for k in ("executor", "workers", "ray_address", "slurm_partition")
+             if getattr(ns, k) is not None}
+    if where:
+        cfg = dataclasses.replace(cfg, **where)  # checked again, as in a config file
     if ns.dev_seeds is not None:
         if cfg.dev is None:
             raise ValueError("--dev-seeds averages the pick's dev scores over seeds: it needs a dev split (set dev)")
@@ -56,7 +77,8 @@ def _update(ns: argparse.Namespace) -> int:
         from ..utils.sweeps import format_spread
 
         def make_config(seed: int) -> UpdateConfig:  # the preset also re-draws its train/test split
-            return tiny_preset(split_seed=seed, seed=seed) if ns.preset else dataclasses.replace(cfg, seed=seed)
+            return (dataclasses.replace(tiny_preset(split_seed=seed, seed=seed), **where) if ns.preset
+                    else dataclasses.replace(cfg, seed=seed))
 
         result = run_update_seeds(make_config, seeds, cfg.output_dir)
         s = result["summary"]
@@ -105,4 +127,9 @@ def add(sub) -> None:
         help="with a dev split: average each candidate setting's dev "
         "scores over this many seeds before the pick (default 1; cost grows with it)",
     )
+    upd.add_argument("--executor", choices=["local", "ray", "slurm"],
+                     help="where the jobs run (the config's `executor`): this process (default), Ray, Slurm via submitit")
+    upd.add_argument("--workers", type=positive_int, help="jobs at once on ray or slurm (the config's `workers`)")
+    upd.add_argument("--ray-address", help="a running Ray cluster, e.g. auto or ray://head:10001 (default: a local one)")
+    upd.add_argument("--slurm-partition", help="the Slurm partition of the jobs")
     upd.set_defaults(func=_update)

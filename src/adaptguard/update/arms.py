@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..utils.files import atomic_write_text, finished_dir
 from .config import UpdateConfig
+from .executors import describe, make_executor
 from .report import seeds_markdown, update_markdown
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ def arms_plan(cfg: UpdateConfig, rows: dict, measured: dict | None = None) -> st
         f"  trainings: {len(trained)} task adapter(s) ({steps * cfg.task_epochs:g} steps each), then the MUSCLE "
         f"adapter{' and the control' if cfg.control else ''} ({steps * cfg.compat_epochs:g} steps each)",
         f"  scorings: {scorings} on test ({len(rows['test'])} items)"
-        + (f", and lm-eval tasks {cfg.lm_eval_tasks}" if cfg.lm_eval_tasks else "")]
+        + (f", and lm-eval tasks {cfg.lm_eval_tasks}" if cfg.lm_eval_tasks else ""),
+        f"  jobs: each training and scoring on {describe(cfg)}"]
     if measured:
         # distilling steps counted 1.5× a control step (E3's anchor), as in the pick's plan
         train = measured["step_s"] * steps * (len(trained) * cfg.task_epochs + (1.5 + cfg.control) * cfg.compat_epochs)
@@ -96,12 +98,18 @@ def run_update(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     t = time.perf_counter()
     pick.prepare()
     timings["task_adapters_s"] = time.perf_counter() - t
-    v1, v2 = pick.v1_scores("test"), pick.v2_scores("test")
+    pick.executor = make_executor(cfg, context=pick)  # each training and scoring a job, on the config's executor
+    try:
+        seconds = pick.run_jobs(pick.jobs("test", ["v1", "v2", *((s, cfg.seed) for s in pick.settings)]))
+    finally:
+        pick.executor.close()
+        pick.executor = None
+    v1, v2 = pick.v1_scores("test"), pick.v2_scores("test")  # stored by the jobs, as is everything below
     scores, runs = {}, {}
     for arm, setting in zip(("compat", "control"), pick.settings):
-        t = time.perf_counter()
         runs[arm] = pick.train_run(setting, cfg.seed) / f"epoch-{setting.epochs}"
-        timings[f"{arm}_adapter_s"] = time.perf_counter() - t
+        job = seconds.get(pick.run_step(setting, cfg.seed)[0])
+        timings[f"{arm}_adapter_s"] = job["seconds"] if job else 0.0  # 0: stored before
         with finished_dir(out / f"{arm}_adapter") as tmp:
             shutil.copytree(runs[arm], tmp, dirs_exist_ok=True)
         scores[arm] = pick.setting_scores(setting, cfg.seed, "test")

@@ -104,6 +104,32 @@ class UpdateConfig:
     lm_eval_metadata: dict = field(default_factory=dict)
     lm_eval_gen_kwargs: dict | None = None
 
+    # Parameters that control where the grid's jobs run (`adaptguard.update.executors`): every training and scoring is
+    # a job whose output is its folder under steps/, so the results, and what a re-run reuses, are the same anywhere
+    executor: str = field(default="local", metadata={
+        "help": "where each job runs: this process, one at a time; a Ray cluster; Slurm through submitit",
+        "choices": ["local", "ray", "slurm"]})
+    workers: int | None = field(default=None, metadata={
+        "help": "jobs at once. None: 1 in this process; a local Ray cluster or submitit's local executor fills this "
+                "machine's cores (cpus_per_job each); a Ray address or a Slurm partition gets every ready job"})
+    cpus_per_job: int | None = field(default=None, metadata={
+        "help": "CPU cores each job asks for, and its torch threads. None: this process keeps torch's threads; a "
+                "local cluster splits this machine's cores among the workers; 1 on a remote cluster"})
+    gpus_per_job: int = field(default=0, metadata={"help": "GPUs each training asks for (a scoring asks for 1 at most)"})
+    processes_per_job: int = field(default=1, metadata={
+        "help": "processes of one training, by `accelerate launch` (one per GPU: set it to gpus_per_job to span "
+                "them); the batch is split among them (batch_size stays the global batch); above 1 it is in the run "
+                "key, as such a run sums in another order"})
+    ray_address: str | None = field(default=None, metadata={
+        "help": "a running Ray cluster ('auto', 'ray://head:10001'); None: a local cluster started for the run"})
+    slurm_partition: str | None = field(default=None, metadata={"help": "the Slurm partition (None: the default)"})
+    slurm_time_min: int = field(default=60, metadata={"help": "each Slurm job's time limit, in minutes"})
+    slurm_cluster: str = field(default="slurm", metadata={
+        "help": "'local': submitit's LocalExecutor runs the same jobs as subprocesses here (to try the set-up)",
+        "choices": ["slurm", "local"]})
+    slurm_args: dict = field(default_factory=dict, metadata={
+        "help": "more sbatch options by submitit's names, without 'slurm_' (account, qos, mem, constraint, ...)"})
+
     def __post_init__(self):
         """Validate everything before any work (a bad field must not surface after two adapters are trained)."""
         from ..plugins import get_muscle_mask
@@ -130,6 +156,7 @@ class UpdateConfig:
         if not 0 <= self.max_accuracy_drop < 1:
             raise ValueError(f"max_accuracy_drop must be in [0, 1), got {self.max_accuracy_drop}")
         get_muscle_mask(self.mask)  # an unknown mask name fails here, with the known ones
+        self._check_executor()
         if self.candidates and self.dev is None:
             raise ValueError("candidates: choosing among them needs a dev split (set dev); the test split is only "
                              "scored after the pick")
@@ -176,6 +203,42 @@ class UpdateConfig:
                 except ValueError as err:
                     raise ValueError(f"{name}: {err}") from None
             check_local_path(value, name)
+
+    def _check_executor(self) -> None:
+        """The executor's fields, and that its library is installed (which extra to install if not)."""
+        import importlib.util
+        import shutil
+
+        for name in ("executor", "slurm_cluster"):
+            choices = next(f for f in dataclasses.fields(self) if f.name == name).metadata["choices"]
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        for name in ("workers", "cpus_per_job", "processes_per_job", "slurm_time_min"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.gpus_per_job < 0:
+            raise ValueError(f"gpus_per_job must be ≥ 0, got {self.gpus_per_job}")
+        if self.executor == "local" and (self.workers or 1) > 1:
+            raise ValueError(f"workers: {self.workers} at once needs executor 'ray' or 'slurm'; 'local' runs one job "
+                             "at a time in this process")
+        for name, executor in (("ray_address", "ray"), ("slurm_partition", "slurm")):
+            if getattr(self, name) is not None and self.executor != executor:
+                raise ValueError(f"{name}: set, but executor is {self.executor!r}; set executor to {executor!r}")
+        if self.gpus_per_job and self.use_cpu:
+            raise ValueError(f"gpus_per_job: {self.gpus_per_job} GPU(s) asked for, but use_cpu is true")
+        if self.batch_size % self.processes_per_job:
+            raise ValueError(f"processes_per_job: batch_size {self.batch_size} must split evenly among "
+                             f"{self.processes_per_job} processes (it stays the global batch)")
+        if self.gpus_per_job and self.processes_per_job > self.gpus_per_job:
+            raise ValueError(f"processes_per_job: {self.processes_per_job} processes on {self.gpus_per_job} GPU(s); "
+                             "at most one process per GPU")
+        module = {"ray": "ray", "slurm": "submitit"}.get(self.executor)
+        if module and importlib.util.find_spec(module) is None:
+            raise ImportError(f"executor {self.executor!r}: {module} is not installed: pip install "
+                              "'adaptguard[distributed]'")
+        if self.executor == "slurm" and self.slurm_cluster == "slurm" and shutil.which("sbatch") is None:
+            raise ValueError("executor 'slurm': no sbatch here (submit from a Slurm login node); slurm_cluster "
+                             "'local' runs the same jobs as subprocesses of this machine")
 
     def default_candidates(self) -> list[dict]:
         """The pick's candidates when none are given, at the compat learning rate and epochs: the control and every

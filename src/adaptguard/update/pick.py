@@ -11,14 +11,20 @@
    and `dev_tradeoff.png` (every setting's dev accuracy vs NFR) sit beside it.
 
 Every trained run and every per-item score is a step of a `Store` under `steps/`, kept with its settings: a killed
-run resumes without redoing any finished step.
+run resumes without redoing any finished step. Each unfinished step of a stage is a job (`TrainJob`, `ScoreJob`: one
+picklable description, its output that step's folder) run by the config's executor (`executors`: in this process by
+default, on Ray, or on Slurm through submitit); the stage then reads the stored steps, so the numbers do not depend
+on where the jobs ran, and a run resumes on any executor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +35,7 @@ from ..utils.generation import exact_match, generate_answers
 from ..utils.store import Store
 from .candidates import Setting, expand_candidates, pick_setting
 from .config import UpdateConfig
+from .executors import InProcess, Runtime, describe, job_resources, make_executor, makespan, run_jobs
 
 
 def _digest(value) -> str:
@@ -96,6 +103,7 @@ class Pick:
         self.out = Path(self.cfg.output_dir)
         self.store = Store(self.out / "steps")
         self._v1 = None
+        self.executor = None  # where the stages' jobs run (`run_pick` sets the config's; None: this process)
 
     # -- models -------------------------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -159,13 +167,17 @@ class Pick:
         return PeftModel.from_pretrained(load_new_base(self.cfg), adapter)
 
     # -- steps ----------------------------------------------------------------------------------------------------
+    def score_step(self, name: str, identity, split: str) -> tuple[str, dict]:
+        """(folder name, settings) of the stored scores of a model (`identity`: what made it) on a split."""
+        settings = {"split": split, "rows": _digest(self.rows[split]), "max_new_tokens": self.cfg.max_new_tokens,
+                    "model": name, "identity": identity}
+        return f"score_{split}_{_digest(settings)}", settings
+
     def scores(self, name: str, identity, split: str, model_fn, tokenizer=None) -> dict:
         """{"correct": [...], "pred": [...]} of a model (`identity`: what made it) on a split, stored."""
         from .steps import for_scoring
 
         rows = self.rows[split]
-        settings = {"split": split, "rows": _digest(rows), "max_new_tokens": self.cfg.max_new_tokens, "model": name,
-                    "identity": identity}
 
         def make(tmp: Path) -> None:
             self.say(f"update: scoring {name} on {split} ({len(rows)} items)")
@@ -174,7 +186,7 @@ class Pick:
             correct = exact_match(preds, rows)
             (tmp / "scores.json").write_text(json.dumps({"correct": correct, "pred": preds}))
 
-        folder = self.store.get(f"score_{split}_{_digest(settings)}", settings, make)
+        folder = self.store.get(*self.score_step(name, identity, split), make)
         return json.loads((folder / "scores.json").read_text())
 
     def run_key(self, setting: Setting, seed: int) -> dict:
@@ -184,14 +196,42 @@ class Pick:
                 "v2_adapter": _adapter_identity(self.v2_adapter), "new_base": cfg.new_base, "old_base": cfg.old_base,
                 "v1_adapter": _adapter_identity(self.v1_adapter),  # the teacher of every distilling recipe
                 **{k: getattr(cfg, k) for k in ("lora_r", "lora_alpha", "batch_size", "max_length", "temperature",
-                                                "extra_args")}}
+                                                "extra_args")},
+                # a training spread over processes splits the batch among them: another run (float sums differ)
+                **({"processes": cfg.processes_per_job} if cfg.processes_per_job > 1 else {})}
+
+    def run_step(self, setting: Setting, seed: int) -> tuple[str, dict]:
+        """(folder name, run key) of one training run."""
+        key = self.run_key(setting, seed)
+        return f"run_{setting.recipe}_{_digest(key)}", key
 
     def train_run(self, setting: Setting, seed: int) -> Path:
-        """One training run of `setting`'s recipe, learning rate and fields: adapters after each grid epoch."""
-        key = self.run_key(setting, seed)
+        """One training run of `setting`'s recipe, learning rate and fields: adapters after each grid epoch (in this
+        process, or spread over `processes_per_job` processes by `accelerate launch`)."""
+        name, key = self.run_step(setting, seed)
         epochs = sorted({s.epochs for s in self.settings})
-        return self.store.get(f"run_{setting.recipe}_{_digest(key)}", key,
-                              lambda tmp: self._train(setting, seed, key["epochs"], epochs, tmp))
+        if self.cfg.processes_per_job > 1:
+            return self.store.get(name, key, lambda tmp: self._launch(setting, seed, tmp))
+        return self.store.get(name, key, lambda tmp: self._train(setting, seed, key["epochs"], epochs, tmp))
+
+    def _launch(self, setting: Setting, seed: int, tmp: Path) -> None:
+        """`_train` in `processes_per_job` processes (`accelerate launch`, one per GPU; on CPU, gloo), each running
+        this module on the job's description; rank 0 writes the adapters into `tmp`."""
+        import pickle
+        import socket
+        import subprocess
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        job = TrainJob.of(self, setting, seed)
+        (tmp / "job.pkl").write_bytes(pickle.dumps(job))
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
+               "--num_processes", str(self.cfg.processes_per_job), "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(port), "-m", "adaptguard.update.pick", str(tmp / "job.pkl"), str(tmp)]
+        self.say(f"update: {job.label} over {self.cfg.processes_per_job} processes: {' '.join(cmd[2:])}")
+        subprocess.run(cmd, check=True)
+        (tmp / "job.pkl").unlink()
 
     def _train(self, setting: Setting, seed: int, max_epochs: int, epochs: list[int], tmp: Path) -> None:
         from datasets import Dataset
@@ -205,8 +245,10 @@ class Pick:
         from .steps import _training_kwargs, adapter_start
 
         cfg = self.cfg
+        world = int(os.environ.get("WORLD_SIZE", "1"))  # under `_launch`: the batch split among the processes
         kwargs = _training_kwargs(cfg, output_dir=str(tmp / "trainer"), learning_rate=setting.learning_rate,
-                                  num_train_epochs=max_epochs, seed=seed)
+                                  num_train_epochs=max_epochs, seed=seed,
+                                  **({"per_device_train_batch_size": cfg.batch_size // world} if world > 1 else {}))
         model, peft_config = adapter_start(cfg, self.v2_adapter, seed)
         data = Dataset.from_list(self.rows["train"])
         if setting.recipe == "control":  # cross-entropy on the labels: v1 is not needed
@@ -223,20 +265,63 @@ class Pick:
         trainer.add_callback(TrainingProgress(f"update: {setting.label(epochs=False)} seed {seed}"))
         trainer.add_callback(SaveAtEpochs(epochs, tmp, getattr(trainer, "_student_adapter", None)))
         trainer.train()
-        (tmp / "log_history.json").write_text(json.dumps(trainer.state.log_history))
-        shutil.rmtree(tmp / "trainer", ignore_errors=True)
+        if trainer.is_world_process_zero():
+            (tmp / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+            shutil.rmtree(tmp / "trainer", ignore_errors=True)
+
+    def model_identity(self, model) -> tuple[str, object]:
+        """(name, identity) of a scored model: "v1", "v2", or a (setting, seed) of the grid (its run's folder)."""
+        if model == "v1":
+            return "v1", [self.cfg.old_base, self.cfg.old_model if self.cfg.old_is_full_model else None,
+                          _adapter_identity(self.v1_adapter)]
+        if model == "v2":
+            return "v2", [self.cfg.new_base, _adapter_identity(self.v2_adapter)]
+        setting, seed = model
+        return f"{setting.label()} seed {seed}", self.run_step(setting, seed)[0]
 
     def setting_scores(self, setting: Setting, seed: int, split: str) -> dict:
         run = self.train_run(setting, seed)
-        return self.scores(f"{setting.label()} seed {seed}", run.name, split,
+        return self.scores(*self.model_identity((setting, seed)), split,
                            lambda: self.adapter_model(run / f"epoch-{setting.epochs}"))
 
     def v1_scores(self, split: str) -> dict:
-        return self.scores("v1", [self.cfg.old_base, self.cfg.old_model if self.cfg.old_is_full_model else None,
-                                  _adapter_identity(self.v1_adapter)], split, self.v1, self.tok_old)
+        return self.scores(*self.model_identity("v1"), split, self.v1, self.tok_old)
 
     def v2_scores(self, split: str) -> dict:
-        return self.scores("v2", [self.cfg.new_base, _adapter_identity(self.v2_adapter)], split, self.v2)
+        return self.scores(*self.model_identity("v2"), split, self.v2)
+
+    # -- jobs -----------------------------------------------------------------------------------------------------
+    def jobs(self, split: str, models: list) -> list:
+        """The unfinished steps of scoring `models` ("v1", "v2", (setting, seed)) on `split`, as jobs in the order the
+        in-process loop runs them: each setting's training (once per run and seed), then its scoring, which waits for
+        it. A finished step is no job: a job is done exactly when its folder is."""
+        jobs, seen = [], set()
+        for model in models:
+            needs = ()
+            if model not in ("v1", "v2"):
+                train = TrainJob.of(self, *model)
+                if train.name not in seen and self.store.find(train.name, train.key) is None:
+                    jobs.append(train)
+                seen.add(train.name)
+                needs = tuple(j.name for j in jobs if j.name == train.name)
+            score = ScoreJob.of(self, split, model, needs)
+            if score.name not in seen and self.store.find(score.name, score.key) is None:
+                jobs.append(score)
+            seen.add(score.name)
+        return jobs
+
+    def run_jobs(self, jobs: list) -> dict[str, dict]:
+        """`jobs` on this run's executor (`executors.run_jobs`; none set: in this process, at the config's
+        `cpus_per_job` threads). Returns each finished job's folder and seconds."""
+        if not jobs:
+            return {}
+        executor = self.executor or InProcess(Runtime(self.cfg.cpus_per_job, str(self.out.resolve() / "logs")), self)
+        trainings = sum(j.kind == "train" for j in jobs)
+        self.say(f"update: {len(jobs)} job(s) ({trainings} training(s), {len(jobs) - trainings} scoring(s)) on "
+                 f"{executor.where()}")
+        if any(j.kind == "train" and j.setting.recipe != "control" for j in jobs):
+            self.v1_vectors()  # v1's teacher vectors, built once here: every distilling job reads them from the store
+        return run_jobs(executor, jobs, self.say)
 
     # -- the plan -------------------------------------------------------------------------------------------------
     def counts(self) -> dict:
@@ -252,6 +337,31 @@ class Pick:
                 "test_scorings": 2 * len(test_seeds) + 2, "task_adapters": int(self.cfg.old_model is None) + int(
                     self.cfg.new_adapter is None and self.cfg.new_task_adapter),
                 "task_adapter_steps": -(-len(self.rows["train"]) // self.cfg.batch_size) * self.cfg.task_epochs}
+
+    def estimate(self, measured: dict, workers: int | None) -> float:
+        """Seconds of the grid's jobs at most (every step to do) on `workers` (`executors.makespan`, as `run_jobs`
+        orders them): the dev stage's trainings and scorings, then the test stage's."""
+        c, dev, test = self.counts(), len(self.rows["dev"]), len(self.rows["test"])
+        durations, needs = [dev * measured["item_s"]] * 2, [(), ()]  # v1 and v2 on dev
+        for run in dict.fromkeys(s.run for s in self.settings):
+            for _ in self.dev_seeds():
+                needs.append(())
+                durations.append(c["steps_per_run"] * measured["step_s"] * (1 if run[0] == "control" else 1.5))
+                kept = [s for s in self.settings if s.run == run]
+                needs += [(len(durations) - 1,)] * len(kept)
+                durations += [dev * measured["item_s"]] * len(kept)
+        seconds = makespan(durations, needs, workers)
+        test_seeds = self.cfg.test_seeds or [self.cfg.seed]
+        extra = [s for s in test_seeds if s not in self.dev_seeds()]
+        durations, needs = [test * measured["item_s"]] * 2, [(), ()]  # v1 and v2 on test
+        for seed in test_seeds:
+            for _ in ("pick", "control"):
+                if seed in extra:
+                    needs.append(())
+                    durations.append(c["steps_per_run"] * measured["step_s"])
+                needs.append((len(durations) - 1,) if seed in extra else ())
+                durations.append(test * measured["item_s"])
+        return seconds + makespan(durations, needs, workers)
 
     def pending_runs(self) -> int:
         """Dev-stage training runs not stored yet (needs `prepare`'s adapters; 0 on a finished run's re-run)."""
@@ -310,14 +420,17 @@ class Pick:
                  f"seeds), {c['steps_per_run']} steps each; {c['task_adapters']} task adapter(s) to train first",
                  f"  scorings: {c['dev_scorings']} on dev ({len(self.rows['dev'])} items), {c['test_scorings']} on test "
                  f"({len(self.rows['test'])} items)"]
+        workers = job_resources(cfg)[0]
+        lines.append(f"  jobs: each training and scoring on {describe(cfg)}")
         if measured:
-            train = c["steps_per_run"] * measured["step_s"] * (c["runs"] + 0.5 * c["distilling_runs"]) + \
-                c["task_adapters"] * c["task_adapter_steps"] * measured["step_s"]
-            score = measured["item_s"] * (c["dev_scorings"] * len(self.rows["dev"]) +
-                                          c["test_scorings"] * len(self.rows["test"]))
-            lines.append(f"  time: about {(train + score) / 60:.0f} min at most (measured here: {measured['step_s']:.2f} s "
+            task = c["task_adapters"] * c["task_adapter_steps"] * measured["step_s"]
+            one, wall = self.estimate(measured, 1), self.estimate(measured, workers)
+            lines.append(f"  time: about {_duration(task + one)} at most (measured here: {measured['step_s']:.2f} s "
                          f"per training step, {measured['item_s']:.2f} s per scored item; distilling runs counted "
                          f"1.5× a control step, E3's anchor, not measured); stored steps are reused")
+            if workers != 1:
+                lines.append(f"  on {workers or 'as many'} workers: about {_duration(task + wall)} (the jobs' own "
+                             "start-up — imports, loading the models — not counted; docs/results.md measures it)")
         return "\n".join(lines)
 
     # -- stages ---------------------------------------------------------------------------------------------------
@@ -326,8 +439,9 @@ class Pick:
         from ..compat.metrics import flip_metrics
 
         self.prepare()
-        v1, v2 = self.v1_scores("dev"), self.v2_scores("dev")
         seeds = self.dev_seeds()
+        self.run_jobs(self.jobs("dev", ["v1", "v2", *((s, seed) for s in self.settings for seed in seeds)]))
+        v1, v2 = self.v1_scores("dev"), self.v2_scores("dev")  # stored by the jobs, as is every score below
         rows = []
         for setting in self.settings:  # each setting's dev scores, averaged over the dev seeds
             ms = [flip_metrics(v1["correct"], self.setting_scores(setting, s, "dev")["correct"], seed=self.cfg.seed)
@@ -363,8 +477,10 @@ class Pick:
 
         chosen, control = self.settings[choices["chosen"]], self.settings[choices["best_control"]]
         seeds = self.cfg.test_seeds or [self.cfg.seed]
-        v1, v2 = self.v1_scores("test"), self.v2_scores("test")
         arms = {"pick": chosen, "control": control} if chosen != control else {"control": control}
+        self.run_jobs(self.jobs("test", ["v1", "v2", *((s, seed) for s in arms.values() for seed in seeds),
+                                         (chosen, self.cfg.seed)]))  # the last: the shipped adapter's flips
+        v1, v2 = self.v1_scores("test"), self.v2_scores("test")
         correct = {arm: [self.setting_scores(s, seed, "test")["correct"] for seed in seeds] for arm, s in arms.items()}
         summary = {}
         for arm, runs in [("v2", [v2["correct"]]), *correct.items()]:
@@ -395,6 +511,101 @@ class Pick:
             (tmp / "adaptguard_choice.json").write_text(json.dumps(
                 {"setting": setting.as_dict(), "seed": self.cfg.seed, "base": self.cfg.new_base}, indent=2))
         return self.out / "chosen"
+
+
+def _same(a, b) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainJob:
+    """One training of the grid as a picklable description: what the driver knew (its resolved config, the grid, the
+    task adapters it prepared), the setting and seed, and the run key it computed. Its output is the run's folder
+    `steps/<name>`; a worker that computes another key (another adaptguard, other files) fails instead of storing
+    elsewhere."""
+
+    cfg: UpdateConfig
+    settings: tuple
+    adapters: tuple  # (v1's task adapter, v2's), as `Pick.prepare` found or trained them
+    setting: Setting
+    seed: int
+    name: str
+    key: dict
+    needs: tuple = ()
+    kind = "train"
+
+    @classmethod
+    def of(cls, pick: Pick, setting: Setting, seed: int) -> TrainJob:
+        return cls(pick.cfg, tuple(pick.settings), (pick.v1_adapter, pick.v2_adapter), setting, seed,
+                   *pick.run_step(setting, seed))
+
+    @property
+    def label(self) -> str:
+        return f"train {self.setting.label(epochs=False)} seed {self.seed}"
+
+    def run(self, pick: Pick | None = None) -> Path:
+        """The training, by `Pick.train_run` on `pick` (in-process: the driver's) or on this worker's `Pick`."""
+        pick = pick or worker_pick(self)
+        name, key = pick.run_step(self.setting, self.seed)
+        if name != self.name or not _same(key, self.key):
+            raise RuntimeError(f"{self.label}: this worker computes the run {name}, the driver {self.name}: is the "
+                               "same adaptguard installed, and are the task adapters the same files here?")
+        return pick.train_run(self.setting, self.seed)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ScoreJob:
+    """One scoring as a picklable description: a model ("v1", "v2", or a (setting, seed) of the grid, whose training
+    it `needs`) on a split. Its output is the score's folder `steps/<name>`."""
+
+    cfg: UpdateConfig
+    settings: tuple
+    adapters: tuple
+    split: str
+    model: object
+    name: str
+    key: dict
+    needs: tuple = ()
+    kind = "score"
+
+    @classmethod
+    def of(cls, pick: Pick, split: str, model, needs: tuple = ()) -> ScoreJob:
+        return cls(pick.cfg, tuple(pick.settings), (pick.v1_adapter, pick.v2_adapter), split, model,
+                   *pick.score_step(*pick.model_identity(model), split), needs)
+
+    @property
+    def label(self) -> str:
+        model = self.model if isinstance(self.model, str) else f"{self.model[0].label()} seed {self.model[1]}"
+        return f"score {model} on {self.split}"
+
+    def run(self, pick: Pick | None = None) -> Path:
+        pick = pick or worker_pick(self)
+        if self.model == "v1":
+            pick.v1_scores(self.split)
+        elif self.model == "v2":
+            pick.v2_scores(self.split)
+        else:
+            pick.setting_scores(*self.model, self.split)
+        return pick.store.root / self.name
+
+
+_worker: tuple[str, Pick] | None = None  # a worker's Pick, kept for its next job of the same run (Ray reuses workers)
+
+
+def worker_pick(job: TrainJob | ScoreJob) -> Pick:
+    """The `Pick` of a job's run in a worker: built from the job's config and grid (tokenizers, rows), with the task
+    adapters the driver prepared (nothing is trained here but the job)."""
+    global _worker
+    ident = _digest([dataclasses.asdict(job.cfg), job.settings, job.adapters])
+    if _worker is None or _worker[0] != ident:
+        pick = Pick(job.cfg, settings=list(job.settings))
+        pick.v1_adapter, pick.v2_adapter = job.adapters
+        _worker = ident, pick
+    return _worker[1]
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _settings(row: dict) -> str:
@@ -577,8 +788,13 @@ def run_pick(cfg: UpdateConfig, dry_run: bool = False) -> dict:
                                                            else ""))
     if dry_run:
         return {"plan": pick.counts()}
-    choices = pick.dev_stage()
-    test = pick.test_stage(choices)
+    pick.executor = make_executor(pick.cfg, context=pick)  # Ray connected (or a local cluster started) here
+    try:
+        choices = pick.dev_stage()
+        test = pick.test_stage(choices)
+    finally:
+        pick.executor.close()
+        pick.executor = None
     pick.ship(choices)
     plot_dev(choices, pick.out / "dev_tradeoff.png")
     report = {"old_base": pick.cfg.old_base, "new_base": pick.cfg.new_base, "n_train": len(pick.rows["train"]),
@@ -591,3 +807,14 @@ def run_pick(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     atomic_write_text(pick.out / "report.html", update_page(report, flipped_test_items(pick.rows["test"], pick.v1_scores(
         "test"), shipped), (pick.out / "dev_tradeoff.png").read_bytes()))
     return report
+
+
+if __name__ == "__main__":  # one rank of a training spread over processes (`Pick._launch`): JOB.pkl TMP
+    import pickle
+
+    from adaptguard.update.pick import worker_pick as _worker_pick  # the job's classes are the package module's
+
+    _job = pickle.loads(Path(sys.argv[1]).read_bytes())
+    _pick = _worker_pick(_job)
+    _pick._train(_job.setting, _job.seed, _job.key["epochs"], sorted({s.epochs for s in _pick.settings}),
+                 Path(sys.argv[2]))

@@ -1,0 +1,366 @@
+"""Where the jobs of `adaptguard update` run: in this process (the default), on a Ray cluster, or on Slurm through
+submitit.
+
+A job (`pick.TrainJob`, `pick.ScoreJob`) is one picklable description — the config, the setting, the seed and the
+run key the driver computed — and its output is one folder of the pick's `Store`: a job is done exactly when its
+folder is finished, whichever executor ran it. A run killed on one executor therefore resumes on another and redoes
+only the unfinished jobs. `run_jobs` hands an executor the jobs whose prerequisites are finished (a scoring waits for
+its training), at most `workers` at a time and in the grid's order (one worker: the order of the in-process loop);
+it prints one line per finished job and a bar over the grid, and names a failed job with its log while the others
+go on. Every executor runs a job through `run_job` in its worker (torch's threads set to the job's CPUs, the job's
+output in its log) and the job through `job.run()`: the code path of the in-process run.
+
+Anchors: HF `Trainer.hyperparameter_search(backend="ray")` (a trial as a Ray task that asks for its CPUs and GPUs);
+submitit (Meta: a Python function as a Slurm job, and its `LocalExecutor` that runs the same job as a subprocess).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+EXECUTORS = ("local", "ray", "slurm")
+EXTRA = "pip install 'adaptguard[distributed]'"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What each job of a run gets where it runs: torch's threads (None: as they are) and the folder of its log."""
+
+    threads: int | None
+    logs: str
+
+    def log(self, job) -> Path:
+        return Path(self.logs) / f"{job.name}.log"
+
+
+@contextmanager
+def _threads(n: int | None):
+    """torch's intra-op threads at `n` for the block (None: unchanged), then as they were."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def _output_to(path: Path):
+    """This process's stdout and stderr (file descriptors 1 and 2, so bars and C libraries too) appended to `path`
+    for the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def run_job(job, runtime: Runtime):
+    """One job in a worker of any executor (a Ray task, a Slurm or local submitit job): torch's threads set to the
+    job's CPUs (so two workers on two cores do not oversubscribe them), its output and any traceback appended to its
+    log, then `job.run()` — the same steps as in-process, which builds the job's `Pick` from its config. Returns the
+    job's folder and its seconds here (from this call on: what the executor adds is the driver's time beyond it)."""
+    start = time.perf_counter()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with _output_to(runtime.log(job)), _threads(runtime.threads):
+        print(f"== {job.label} (pid {os.getpid()}, {runtime.threads or 'default'} thread(s))", flush=True)
+        try:
+            folder = str(job.run())
+        except BaseException:
+            traceback.print_exc()
+            raise
+    return {"folder": folder, "seconds": time.perf_counter() - start}
+
+
+class JobsFailed(RuntimeError):
+    """Some jobs failed; the others are stored (a re-run redoes only the failed ones)."""
+
+
+# -- the executors ------------------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class _Finished:
+    """An in-process job's handle: it ran when submitted."""
+
+    result: object
+    error: Exception | None
+
+
+class InProcess:
+    """Each job in this process, one at a time, in the grid's order (the default: `update` as it always ran). A failed
+    job's traceback goes to its log; Ctrl-C stops at once."""
+
+    name = "local"
+
+    def __init__(self, runtime: Runtime, context=None):
+        """`context`: what `job.run` reuses here (the driver's `Pick`: its tokenizers, rows and loaded v1)."""
+        self.runtime, self.context, self.workers = runtime, context, 1
+
+    def where(self) -> str:
+        return "this process, one job at a time"
+
+    def submit(self, job):
+        start = time.perf_counter()
+        with _threads(self.runtime.threads):
+            try:
+                folder = str(job.run(self.context))
+                return _Finished({"folder": folder, "seconds": time.perf_counter() - start}, None)
+            except Exception as err:  # noqa: BLE001 - named with its log; the other jobs go on
+                log = self.runtime.log(job)
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text("".join(traceback.format_exception(err)))
+                return _Finished(None, err)
+
+    def wait(self, handles: list) -> list:
+        return handles
+
+    def outcome(self, handle):
+        if handle.error is not None:
+            raise handle.error
+        return handle.result
+
+    def cancel(self, handles: list) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RayExecutor:
+    """Each job a Ray task that asks for its CPUs and GPUs, on the cluster at `address` or on a local one started
+    here (and stopped at the end)."""
+
+    name = "ray"
+
+    def __init__(self, runtime: Runtime, workers: int | None, cpus: int, gpus: int, address: str | None = None):
+        import ray
+
+        self.runtime, self.cpus, self.gpus, self.address = runtime, cpus, gpus, address
+        self.workers = workers or 1_000_000  # None: every ready job; the cluster queues what it cannot hold
+        self._ours = not ray.is_initialized()
+        if self._ours:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:  # a local cluster of `workers` jobs (the object store only carries the jobs and their paths)
+                ray.init(num_cpus=self.workers * cpus, include_dashboard=False, log_to_driver=False,
+                         object_store_memory=100 * 2**20)
+        self._task = ray.remote(run_job)
+
+    def where(self) -> str:
+        return f"the Ray cluster at {self.address}" if self.address else "a local Ray cluster on this machine"
+
+    def submit(self, job):
+        gpus = self.gpus if job.kind == "train" else min(self.gpus, 1)  # a scoring runs on one device
+        return self._task.options(num_cpus=self.cpus, num_gpus=gpus, max_retries=0, name=job.name).remote(
+            job, self.runtime)
+
+    def wait(self, handles: list) -> list:
+        import ray
+
+        done, _ = ray.wait(handles, num_returns=1)
+        return done
+
+    def outcome(self, handle):
+        import ray
+
+        try:
+            return ray.get(handle)
+        except ray.exceptions.RayTaskError as err:  # the job's own error, without Ray's wrapping
+            cause = getattr(err, "cause", None)
+            raise (cause if isinstance(cause, Exception) else err) from None
+
+    def cancel(self, handles: list) -> None:
+        import ray
+
+        for handle in handles:
+            ray.cancel(handle, force=True)
+
+    def close(self) -> None:
+        import ray
+
+        if self._ours:
+            ray.shutdown()
+
+
+class SubmititExecutor:
+    """Each job a Slurm job submitted by submitit (partition, time limit, CPUs and GPUs per job), or with
+    `cluster="local"` submitit's `LocalExecutor`: the same job as a subprocess of this machine."""
+
+    name = "slurm"
+
+    def __init__(self, runtime: Runtime, workers: int | None, cpus: int, gpus: int, cluster: str = "slurm",
+                 partition: str | None = None, time_min: int = 60, extra: dict | None = None, poll_s: float = 1.0):
+        import submitit
+
+        self.runtime, self.gpus, self.cluster, self.partition = runtime, gpus, cluster, partition
+        self.workers, self.poll_s = workers or 1_000_000, poll_s
+        self._executor = submitit.AutoExecutor(folder=Path(runtime.logs) / "submitit", cluster=cluster)
+        self._executor.update_parameters(name="adaptguard-update", timeout_min=time_min, cpus_per_task=cpus,
+                                         nodes=1, tasks_per_node=1, slurm_partition=partition,
+                                         **{f"slurm_{k}": v for k, v in (extra or {}).items()})
+
+    def where(self) -> str:
+        if self.cluster == "local":
+            return "submitit's local executor (subprocesses of this machine)"
+        return f"Slurm partition {self.partition}" if self.partition else "Slurm (the default partition)"
+
+    def submit(self, job):
+        self._executor.update_parameters(gpus_per_node=self.gpus if job.kind == "train" else min(self.gpus, 1))
+        return self._executor.submit(run_job, job, self.runtime)
+
+    def wait(self, handles: list) -> list:
+        while True:
+            done = [h for h in handles if h.done()]
+            if done:
+                return done
+            time.sleep(self.poll_s)
+
+    def outcome(self, handle):
+        return handle.result()
+
+    def cancel(self, handles: list) -> None:
+        for handle in handles:
+            try:
+                handle.cancel(check=False)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+
+    def close(self) -> None:
+        pass
+
+
+def job_resources(cfg) -> tuple[int | None, int | None]:
+    """(workers, CPUs per job) of a config: the local executor runs one job (torch's threads as they are unless
+    `cpus_per_job`); a local cluster (Ray without an address, submitit's local executor) shares this machine's cores
+    among its workers; elsewhere a job asks for 1 CPU by default and every ready job is submitted (workers None)."""
+    if cfg.executor == "local":
+        return 1, cfg.cpus_per_job
+    here = cfg.executor == "ray" and not cfg.ray_address or cfg.executor == "slurm" and cfg.slurm_cluster == "local"
+    cores = os.cpu_count() or 1
+    if not here:
+        return cfg.workers, cfg.cpus_per_job or 1
+    if cfg.workers is None:
+        cpus = cfg.cpus_per_job or 1
+        return max(1, cores // cpus), cpus
+    return cfg.workers, cfg.cpus_per_job or max(1, cores // cfg.workers)
+
+
+def make_executor(cfg, context=None):
+    """The executor `cfg.executor` names, with the config's resources (`job_resources`); `context` is the in-process
+    executor's (the driver's `Pick`). Ray is connected (or a local cluster started) here."""
+    workers, cpus = job_resources(cfg)
+    runtime = Runtime(cpus, str(Path(cfg.output_dir).resolve() / "logs"))
+    if cfg.executor == "local":
+        return InProcess(runtime, context)
+    if cfg.executor == "ray":
+        return RayExecutor(runtime, workers, cpus, cfg.gpus_per_job, cfg.ray_address)
+    return SubmititExecutor(runtime, workers, cpus, cfg.gpus_per_job, cfg.slurm_cluster, cfg.slurm_partition,
+                            cfg.slurm_time_min, cfg.slurm_args)
+
+
+def describe(cfg) -> str:
+    """Where the jobs will run and how many at once, from the config alone (the plan prints it before connecting)."""
+    workers, cpus = job_resources(cfg)
+    gpus = f", {cfg.gpus_per_job} GPU(s) per training" if cfg.gpus_per_job else ""
+    each = f"{cpus} CPU(s) and torch thread(s) each{gpus}" if cpus else f"torch's threads as they are{gpus}"
+    at_once = f"{workers} at a time" if workers else "every ready job at once (as many as the cluster runs)"
+    if cfg.executor == "local":
+        where = "this process"
+    elif cfg.executor == "ray":
+        where = f"the Ray cluster at {cfg.ray_address}" if cfg.ray_address else "a local Ray cluster on this machine"
+    elif cfg.slurm_cluster == "local":
+        where = "submitit's local executor (subprocesses of this machine)"
+    else:
+        where = (f"Slurm partition {cfg.slurm_partition or '(the default)'} via submitit, {cfg.slurm_time_min} min "
+                 "per job")
+    launch = (f"; a training spans {cfg.processes_per_job} processes (accelerate launch)"
+              if cfg.processes_per_job > 1 else "")
+    return f"{where}, {at_once}, {each}{launch}"
+
+
+# -- running a grid of jobs ---------------------------------------------------------------------------------------
+def run_jobs(executor, jobs: Iterable, say: Callable[[str], None] = print, bar: bool = True) -> dict[str, dict]:
+    """Run `jobs` (each with `name`, `label`, `kind`, `needs`: the names of the jobs it waits for) on `executor`: the
+    ready ones in the given order, at most `executor.workers` at a time; one line per finished job and a bar over
+    them all. A failed job is named with its log and the others go on (a job that needs it is not started); then
+    `JobsFailed` lists them. Returns, per finished job, its `folder`, `seconds` as the driver saw them (from its
+    submission: start-up and any queueing included) and `in_job_s` (from `run_job`'s start in the worker)."""
+    from ..utils.progress import progress_bar
+
+    jobs = list(jobs)
+    names = {job.name for job in jobs}
+    pending, running, seconds, failed = list(jobs), {}, {}, {}
+    with progress_bar(len(jobs), "update: jobs", unit="job", show=bar and bool(jobs)) as progress:
+        try:
+            while pending or running:
+                for job in [j for j in pending if any(n in failed for n in j.needs)]:
+                    pending.remove(job)
+                    failed[job.name] = "not run: a job it needs failed"
+                    progress.update(1)
+                ready = [j for j in pending if all(n in seconds or n not in names for n in j.needs)]
+                for job in ready[:max(0, executor.workers - len(running))]:
+                    pending.remove(job)
+                    running[executor.submit(job)] = (job, time.perf_counter())
+                if not running:
+                    break
+                for handle in executor.wait(list(running)):
+                    job, start = running.pop(handle)
+                    try:
+                        result = executor.outcome(handle)
+                    except Exception as err:  # noqa: BLE001 - named with its log; the others go on
+                        last = (str(err).strip().splitlines() or [""])[-1][:300]
+                        failed[job.name] = f"{type(err).__name__}: {last} (log: {executor.runtime.log(job)})"
+                        say(f"update: job FAILED: {job.label}: {failed[job.name]}")
+                    else:
+                        seconds[job.name] = {"folder": result["folder"], "seconds": time.perf_counter() - start,
+                                             "in_job_s": result["seconds"]}
+                        say(f"update: job done ({len(seconds)}/{len(jobs)}): {job.label}, "
+                            f"{seconds[job.name]['seconds']:.0f} s")
+                    progress.update(1)
+        except BaseException:
+            executor.cancel(list(running))
+            raise
+    if failed:
+        lines = [f"  {name}: {why}" for name, why in failed.items()]
+        raise JobsFailed(f"{len(failed)} of {len(jobs)} jobs failed ({len(seconds)} finished and stored; a re-run "
+                         "redoes only the others):\n" + "\n".join(lines))
+    return seconds
+
+
+def makespan(durations: list[float], needs: list[tuple[int, ...]], workers: int | None) -> float:
+    """Seconds to run jobs of these `durations` (`needs`: the indices each waits for) as `run_jobs` does — whenever a
+    worker is free, the first ready job in order — on `workers` (None: every ready job at once): the plan's wall-time
+    estimate."""
+    n, clock = len(durations), 0.0
+    done, running, started = set(), [], set()
+    while len(done) < n:
+        ready = [i for i in range(n) if i not in started and all(j in done for j in needs[i])]
+        for i in ready[:max(0, (workers or n) - len(running))]:
+            started.add(i)
+            running.append((clock + durations[i], i))
+        if not running:
+            raise ValueError("makespan: a job waits for one that never runs")
+        running.sort()
+        clock, i = running.pop(0)
+        done.add(i)
+    return clock
