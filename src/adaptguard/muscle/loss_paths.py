@@ -101,6 +101,8 @@ class ExactLoss(MUSCLELoss):
         return self._in_student_forward(self._compute, model, inputs, labels)
 
     def _compute(self, model, inputs: dict, labels: torch.Tensor, shifted: torch.Tensor) -> MUSCLELossOutput:
+        """Inside the student's forward (`_in_student_forward`): the teachers' vectors at the N scored tokens of
+        `shifted` (B, L), the mask's per-teacher weights, then the student's pass."""
         args = self.args
         valid = shifted != IGNORE_INDEX
         scored = valid.reshape(-1).nonzero()[:, 0]
@@ -188,6 +190,7 @@ class TiledLoss(_GridLoss):
         return self._in_student_forward(self._compute, model, inputs, labels)
 
     def _compute(self, model, inputs: dict, labels: torch.Tensor, shifted: torch.Tensor) -> MUSCLELossOutput:
+        """Inside the student's forward (`_in_student_forward`); `shifted`: (B, L)."""
         args = self.args
         old, (new_hidden, new_head) = self.trainer.teacher_hidden(model, inputs, labels)
         hidden, aux = self._backbone(model, inputs)

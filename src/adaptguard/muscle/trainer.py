@@ -21,7 +21,7 @@ from ..utils.checks import check_completions, check_tokenizer_fits
 from .config import MUSCLEConfig
 from .heads import last_hidden_state, output_head
 from .logit_cache import LogitCache, row_fingerprint
-from .loss_paths import ExactLoss, MUSCLELoss, TiledLoss, choose_loss
+from .loss_paths import ExactLoss, MUSCLELoss, MUSCLELossOutput, TiledLoss, choose_loss
 
 NEW_TEACHER = "muscle_new_teacher"
 
@@ -343,7 +343,7 @@ class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
                 outputs = model(**inputs)
         return (loss, outputs) if return_outputs else loss
 
-    def _log_loss(self, out, mode: str) -> None:
+    def _log_loss(self, out: MUSCLELossOutput, mode: str) -> None:
         """The step's metrics from the loss's sums (`MUSCLELossOutput`), summed over the processes."""
         read_student = out.correct is not None  # not on the kernel path: no logits built
         zero = torch.zeros((), device=out.tokens.device)
