@@ -305,7 +305,7 @@ def to_markdown(report: Comparison | Mapping) -> str:
 
 
 def plot_quadrants(report: Comparison | Mapping, path: Path) -> None:
-    """Flip quadrants per task (paper 002 Fig. 2/4): a 2×2 count grid for 0/1 metrics, a scatter of
+    """Flip quadrants per task (Echterhoff et al. Fig. 2/4): a 2×2 count grid for 0/1 metrics, a scatter of
     S(old) vs S(new) coloured by gain/regression for similarity tasks."""
     from matplotlib.patches import Rectangle
 

@@ -1,4 +1,4 @@
-"""`MUSCLEConfig`: the settings of `MUSCLETrainer` (paper 002 §4.1), an `SFTConfig` with the teachers, the mask
+"""`MUSCLEConfig`: the settings of `MUSCLETrainer` (Echterhoff et al. §4.1), an `SFTConfig` with the teachers, the mask
 and the distillation temperature."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ LseKernel = Literal["auto", "torch", "cut_cross_entropy"]
 
 @dataclass
 class MUSCLEConfig(SFTConfig):
-    r"""Configuration for [`MUSCLETrainer`]: MUSCLE (paper 002 §4.1), a compatibility LoRA adapter on the new
+    r"""Configuration for [`MUSCLETrainer`]: MUSCLE (Echterhoff et al. §4.1), a compatibility LoRA adapter on the new
     base model, initialised from its task adapter and distilled from the old and new task models:
 
         L = (1/n) Σ_i m_i KL(σ(z_old,i/T) ‖ σ(z_c,i/T)) + (1 − m_i) KL(σ(z_new,i/T) ‖ σ(z_c,i/T)) [+ λ_CE CE]

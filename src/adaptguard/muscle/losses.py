@@ -1,4 +1,4 @@
-"""MUSCLE (paper 002 §4, eq. 2): the per-token loss that distils from the old model where the mask
+"""MUSCLE (Echterhoff et al. §4, eq. 2): the per-token loss that distils from the old model where the mask
 says so and from the new model elsewhere, in a reference form and a chunked form for training, with an
 exact sparse KL for a top-k cache of the old model. Pure torch; a mask is a callable (see `masks.py`).
 
@@ -85,7 +85,7 @@ def apply_mask(mask: MaskFn, inputs: MaskInputs) -> torch.Tensor:
 def muscle_token_loss(student_logits: torch.Tensor, old_logits: torch.Tensor, new_logits: torch.Tensor,
                       labels: torch.Tensor, mask: MaskFn, temperature: float = 2.0
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MUSCLE per-token loss (paper 002 eq. 2), reference implementation:
+    """MUSCLE per-token loss (Echterhoff et al. eq. 2), reference implementation:
     `m·KL(σ(z_old/T) ‖ σ(z_s/T)) + (1 − m)·KL(σ(z_new/T) ‖ σ(z_s/T))`.
 
     Args:

@@ -1,4 +1,4 @@
-"""MUSCLE masking strategies (paper 002 §4.1, §6.5): `m = 1` aligns a token to the old model, `0` to the new
+"""MUSCLE masking strategies (Echterhoff et al. §4.1, §6.5): `m = 1` aligns a token to the old model, `0` to the new
 one. Each takes a `MaskInputs` (all (B, T)) and returns (B, T) booleans. Registered by name through the
 `adaptguard_muscle_masks` hook (`adaptguard.muscle.plugin`)."""
 

@@ -368,7 +368,7 @@ def muscle_token_loss_tiled(student_hidden: torch.Tensor, student_head: LMHead, 
                             new_head: LMHead, old: tuple[torch.Tensor, LMHead] | TopKLogProbs, labels: torch.Tensor,
                             mask: MaskFn, temperature: float = 2.0, token_chunk: int | None = None,
                             vocab_chunk: int | None = None, compile: bool | None = None) -> TiledMuscleOutput:
-    """MUSCLE per-token loss (paper 002 eq. 2) and the label cross-entropy from hidden states, never building
+    """MUSCLE per-token loss (Echterhoff et al. eq. 2) and the label cross-entropy from hidden states, never building
     (B, T, V) logits: the same values and gradients as `losses.muscle_token_loss` on the heads' logits.
 
     Args:

@@ -101,7 +101,7 @@ def match_added_tokens(teacher, student) -> None:
 
 
 class MUSCLETrainer(SFTBookkeeping, SFTTrainer):
-    r"""MUSCLE (paper 002 §4.1): train the new model (v2) so that the updated task model keeps the old one's right
+    r"""MUSCLE (Echterhoff et al. §4.1): train the new model (v2) so that the updated task model keeps the old one's right
     answers. Trains the three ways SFTTrainer does; the new teacher is v2 as it was before training:
 
     - **from v2's task adapter** (the paper's way): `args.new_adapter` (a LoRA adapter on the base `model`), or a
