@@ -167,6 +167,23 @@ def test_a_run_killed_in_process_resumes_on_submitit_redoing_only_the_unfinished
     assert_same_results(reference, out)
 
 
+@pytest.mark.slow
+def test_a_training_spread_over_two_processes_keeps_the_global_batch(reference, tmp_path):
+    """`processes_per_job` 2: the training job runs under `accelerate launch` (two CPU processes here, one per GPU on
+    a cluster), each on half the batch: the same steps per epoch, the adapters written once, the run keyed apart."""
+    from adaptguard.update.pick import Pick, TrainJob
+
+    out = with_task_adapters(reference, tmp_path / "ddp")
+    pick = Pick(grid_config(out, processes_per_job=2, candidates=GRID[:1]))
+    pick.prepare()
+    job = TrainJob.of(pick, pick.settings[0], 0)
+    assert job.key["processes"] == 2 and job.name not in {p.name for p in (reference / "steps").iterdir()}
+    run = job.run(pick)
+    history = json.loads((run / "log_history.json").read_text())
+    assert history[-1]["step"] == 2 * 7  # 108 rows at a global batch of 16, 2 epochs
+    assert sorted(p.name for p in run.iterdir()) == ["done.json", "epoch-1", "epoch-2", "log_history.json"]
+
+
 # -- fast: the scheduler, the plan, the checks ---------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Fake:

@@ -598,6 +598,11 @@ def worker_pick(job: TrainJob | ScoreJob) -> Pick:
     global _worker
     ident = _digest([dataclasses.asdict(job.cfg), job.settings, job.adapters])
     if _worker is None or _worker[0] != ident:
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()  # a worker's log keeps the trainings' own lines, as the driver's output does
+        transformers.utils.logging.disable_progress_bar()
         pick = Pick(job.cfg, settings=list(job.settings))
         pick.v1_adapter, pick.v2_adapter = job.adapters
         _worker = ident, pick
