@@ -284,3 +284,22 @@ def test_a_missing_library_names_the_extra_and_the_flag_goes_through_the_same_ch
     assert err == ["adaptguard update: error: workers: 2 at once needs executor 'ray' or 'slurm'; 'local' runs one job "
                    "at a time in this process"]
     assert not (tmp_path / "out").exists()
+
+
+def test_failed_jobs_end_the_command_with_their_names_and_status_1(tmp_path, monkeypatch, capsys):
+    import adaptguard.update
+    from adaptguard.cli.main import main
+    from adaptguard.update.executors import JobsFailed
+
+    def failing(cfg, dry_run=False):
+        raise JobsFailed("1 of 8 jobs failed (7 finished and stored; a re-run redoes only the others):\n  run_kd_x: "
+                         "ValueError: broke (log: out/logs/run_kd_x.log)")
+
+    monkeypatch.setattr(adaptguard.update, "run_update", failing)
+    cfg = grid_config(tmp_path / "out")
+    (tmp_path / "c.json").write_text(json.dumps({k: getattr(cfg, k) for k in ("old_base", "new_base", "train", "dev",
+                                                                              "test", "output_dir")}))
+    assert main(["update", str(tmp_path / "c.json")]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "adaptguard update: 1 of 8 jobs failed (7 finished and stored; a re-run redoes only the others):",
+        "  run_kd_x: ValueError: broke (log: out/logs/run_kd_x.log)"]

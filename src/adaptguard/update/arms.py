@@ -4,7 +4,8 @@ The task LoRA adapters on the old base (v1) and the new base (v2) — or the use
 compatibility adapter (on v2, from v2's task adapter, distilled from both task models) and the cross-entropy control
 at the config's settings, all through the pick's steps (`pick.Pick` on the one-setting grid `arms_settings`, so
 both modes train, store and reuse runs the same way); each is scored on test, and `report.json`, `report.md`
-(paper 002 Tables 3–6 layout) and flip-quadrant plots go into the output directory.
+(paper 002 Tables 3–6 layout) and flip-quadrant plots go into the output directory. The trainings and scorings are
+the pick's jobs, on the config's executor (`executors`).
 
 CONFIG is a JSON file (see `UpdateConfig`); `--preset tiny` runs on the embedded default
 (bases `tiny` → `tiny-v2`, their knowledge asked in six question phrasings). `--seeds N` repeats the

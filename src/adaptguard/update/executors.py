@@ -31,10 +31,12 @@ EXTRA = "pip install 'adaptguard[distributed]'"
 
 @dataclass(frozen=True)
 class Runtime:
-    """What each job of a run gets where it runs: torch's threads (None: as they are) and the folder of its log."""
+    """What each job of a run gets where it runs: torch's threads (None: as they are), the folder of its log, and the
+    driver's working directory (where the config's relative paths start; a worker moves there when it exists)."""
 
     threads: int | None
     logs: str
+    cwd: str | None = None
 
     def log(self, job) -> Path:
         return Path(self.logs) / f"{job.name}.log"
@@ -52,6 +54,17 @@ def _threads(n: int | None):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextmanager
+def _working_dir(path: str | None):
+    before = os.getcwd()
+    if path and os.path.isdir(path):
+        os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 @contextmanager
@@ -83,7 +96,7 @@ def run_job(job, runtime: Runtime):
     job's folder and its seconds here (from this call on: what the executor adds is the driver's time beyond it)."""
     start = time.perf_counter()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    with _output_to(runtime.log(job)), _threads(runtime.threads):
+    with _output_to(runtime.log(job)), _threads(runtime.threads), _working_dir(runtime.cwd):
         print(f"== {job.label} (pid {os.getpid()}, {runtime.threads or 'default'} thread(s))", flush=True)
         try:
             folder = str(job.run())
@@ -95,6 +108,11 @@ def run_job(job, runtime: Runtime):
 
 class JobsFailed(RuntimeError):
     """Some jobs failed; the others are stored (a re-run redoes only the failed ones)."""
+
+
+class JobError(RuntimeError):
+    """A job's own error as its worker reported it in text (`ValueError: ...`), where the exception itself does not
+    come back."""
 
 
 # -- the executors ------------------------------------------------------------------------------------------------
@@ -134,6 +152,9 @@ class InProcess:
     def wait(self, handles: list) -> list:
         return handles
 
+    def log(self, job, handle) -> Path:
+        return self.runtime.log(job)
+
     def outcome(self, handle):
         if handle.error is not None:
             raise handle.error
@@ -162,7 +183,7 @@ class RayExecutor:
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:  # a local cluster of `workers` jobs (the object store only carries the jobs and their paths)
-                ray.init(num_cpus=self.workers * cpus, include_dashboard=False, log_to_driver=False,
+                ray.init(num_cpus=(workers or os.cpu_count() or 1) * cpus, include_dashboard=False, log_to_driver=False,
                          object_store_memory=100 * 2**20)
         self._task = ray.remote(run_job)
 
@@ -179,6 +200,9 @@ class RayExecutor:
 
         done, _ = ray.wait(handles, num_returns=1)
         return done
+
+    def log(self, job, handle) -> Path:
+        return self.runtime.log(job)
 
     def outcome(self, handle):
         import ray
@@ -236,7 +260,19 @@ class SubmititExecutor:
             time.sleep(self.poll_s)
 
     def outcome(self, handle):
-        return handle.result()
+        from submitit.core.utils import FailedJobError
+
+        try:
+            return handle.result()
+        except FailedJobError as err:  # the worker's traceback as text, between two rules: its last line
+            parts = str(err).split("-" * 22 + "\n")
+            lines = [line for line in (parts[1] if len(parts) > 2 else str(err)).splitlines() if line.strip()]
+            raise JobError(lines[-1] if lines else str(err)) from None
+
+    def log(self, job, handle) -> Path:
+        """The job's log, or submitit's record of its process where it failed before writing one (an import)."""
+        ours = self.runtime.log(job)
+        return ours if ours.exists() else Path(handle.paths.stderr)
 
     def cancel(self, handles: list) -> None:
         for handle in handles:
@@ -269,7 +305,7 @@ def make_executor(cfg, context=None):
     """The executor `cfg.executor` names, with the config's resources (`job_resources`); `context` is the in-process
     executor's (the driver's `Pick`). Ray is connected (or a local cluster started) here."""
     workers, cpus = job_resources(cfg)
-    runtime = Runtime(cpus, str(Path(cfg.output_dir).resolve() / "logs"))
+    runtime = Runtime(cpus, str(Path(cfg.output_dir).resolve() / "logs"), os.getcwd())
     if cfg.executor == "local":
         return InProcess(runtime, context)
     if cfg.executor == "ray":
@@ -329,7 +365,8 @@ def run_jobs(executor, jobs: Iterable, say: Callable[[str], None] = print, bar: 
                         result = executor.outcome(handle)
                     except Exception as err:  # noqa: BLE001 - named with its log; the others go on
                         last = (str(err).strip().splitlines() or [""])[-1][:300]
-                        failed[job.name] = f"{type(err).__name__}: {last} (log: {executor.runtime.log(job)})"
+                        why = last if isinstance(err, JobError) else f"{type(err).__name__}: {last}"
+                        failed[job.name] = f"{why} (log: {executor.log(job, handle)})"
                         say(f"update: job FAILED: {job.label}: {failed[job.name]}")
                     else:
                         seconds[job.name] = {"folder": result["folder"], "seconds": time.perf_counter() - start,
