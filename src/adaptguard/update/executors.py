@@ -167,6 +167,15 @@ class InProcess:
         pass
 
 
+def _warm_up() -> int:
+    """What every job imports first (a Ray worker keeps it for the jobs it runs next)."""
+    import peft  # noqa: F401
+    import transformers.trainer  # noqa: F401
+    import trl  # noqa: F401
+
+    return os.getpid()
+
+
 class RayExecutor:
     """Each job a Ray task that asks for its CPUs and GPUs, on the cluster at `address` or on a local one started
     here (and stopped at the end)."""
@@ -186,6 +195,9 @@ class RayExecutor:
                 ray.init(num_cpus=(workers or os.cpu_count() or 1) * cpus, include_dashboard=False, log_to_driver=False,
                          object_store_memory=100 * 2**20)
         self._task = ray.remote(run_job)
+        # each worker imports the training libraries now, while the driver trains the task adapters and reads v1
+        slots = int(ray.cluster_resources().get("CPU", 1)) // max(1, cpus)
+        self._warming = [ray.remote(_warm_up).options(num_cpus=cpus).remote() for _ in range(min(self.workers, slots))]
 
     def where(self) -> str:
         return f"the Ray cluster at {self.address}" if self.address else "a local Ray cluster on this machine"
