@@ -39,6 +39,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from adaptguard.compat.compare import compare_runs, compare_task
+from adaptguard.compat.comparison import Comparison
 from adaptguard.compat.flips import flipped_documents
 from adaptguard.compat.report import plot_quadrants, write_outputs
 from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
@@ -181,12 +182,12 @@ def main(args: Args) -> dict:
         print(f"{variant}: " + ", ".join(f"{t} {output['results'][t]['acc,none']:.3f}" for t in tasks), flush=True)
     report = {"model": args.model, "limit": limit, "tasks": {}, "seconds": seconds, "machine": machine_info(),
               "command": command_line("examples/quantization_flips.py", args)}
-    quadrants = {"old": "fp32", "new": "variant", "tasks": {}}
+    quadrants = Comparison(old="fp32", new="variant")
     for variant, variant_runs in zip(variants, runs[1:]):
         for task in tasks:
             (entry,) = compare_task(runs[0][task], variant_runs[task]).values()
-            quadrants["tasks"][f"{task}: fp32 → {variant}"] = entry
-            report["tasks"][f"{task} {variant}"] = {k: v for k, v in entry.items() if not k.startswith("_")}
+            quadrants.tasks[f"{task}: fp32 → {variant}"] = entry
+            report["tasks"][f"{task} {variant}"] = entry.metrics
     out.mkdir(parents=True, exist_ok=True)
     plot_quadrants(quadrants, out / "flips.png")
     write_report(out, report, markdown(report))

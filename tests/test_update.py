@@ -273,10 +273,10 @@ def test_example_config_is_valid():
 
 def test_extra_args_override_the_training_defaults():
     from adaptguard.update import UpdateConfig
-    from adaptguard.update.steps import _training_kwargs
+    from adaptguard.update.steps import training_kwargs
 
     cfg = UpdateConfig(old_base="a", new_base="b", train=[], test=[], extra_args={"bf16": True, "logging_steps": 3})
-    kwargs = _training_kwargs(cfg, output_dir="o", learning_rate=0.1)
+    kwargs = training_kwargs(cfg, output_dir="o", learning_rate=0.1)
     assert kwargs["bf16"] is True and kwargs["logging_steps"] == 3 and kwargs["learning_rate"] == 0.1
 
 

@@ -39,11 +39,8 @@ class TaskComparison(Mapping[str, Any]):
 
     @classmethod
     def of(cls, entry: Mapping) -> TaskComparison:
-        """`entry` typed: as it is, or a mapping of metrics (a `report.json` entry, or one built by hand, where
-        `_correct` holds the old and new 0/1 per item, as `update.arms` draws its quadrants)."""
-        if isinstance(entry, TaskComparison):
-            return entry
-        return cls({k: v for k, v in entry.items() if not k.startswith("_")}, correct=entry.get("_correct"))
+        """`entry` typed: as it is, or a mapping of metrics (a `report.json` entry read back, or built by hand)."""
+        return entry if isinstance(entry, TaskComparison) else cls(dict(entry))
 
 
 @dataclass

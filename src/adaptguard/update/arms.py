@@ -1,10 +1,10 @@
-"""`adaptguard update CONFIG` without a dev split: paper 002's model-update experiment in one command.
+"""`adaptguard update CONFIG` without a dev split: Echterhoff et al.'s model-update experiment in one command.
 
 The task LoRA adapters on the old base (v1) and the new base (v2) — or the user's own, used as is — then the MUSCLE
 compatibility adapter (on v2, from v2's task adapter, distilled from both task models) and the cross-entropy control
 at the config's settings, all through the pick's steps (`pick.Pick` on the one-setting grid `arms_settings`, so
 both modes train, store and reuse runs the same way); each is scored on test, and `report.json`, `report.md`
-(paper 002 Tables 3–6 layout) and flip-quadrant plots go into the output directory. The trainings and scorings are
+(Echterhoff et al. Tables 3–6 layout) and flip-quadrant plots go into the output directory. The trainings and scorings are
 the pick's jobs, on the config's executor (`executors`).
 
 CONFIG is a JSON file (see `UpdateConfig`); `--preset tiny` runs on the embedded default
@@ -77,6 +77,7 @@ def run_update(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     import datasets
     import transformers
 
+    from ..compat.comparison import Comparison, TaskComparison
     from ..compat.metrics import delta_metrics, flip_indicators, flip_metrics, paired_rate_difference
     from ..compat.report import plot_quadrants
     from ..utils.progress import say
@@ -150,11 +151,11 @@ def run_update(cfg: UpdateConfig, dry_run: bool = False) -> dict:
         "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("train", "test")},
         "lm_eval": lm_eval_report, "timings": timings, "seconds": time.perf_counter() - start,
     }
-    quadrants = {"old": "v1", "new": "v2", "compatible": "v2 + compat", "tasks": {
-        "v1 → v2": {**plain, "_correct": (old_ok, v2["correct"])},
-        "v1 → v2 + compatibility adapter": {**compat, "_correct": (old_ok, scores["compat"]["correct"])},
-        **({"v1 → v2 + control adapter": {**control, "_correct": (old_ok, scores["control"]["correct"])}}
-           if control else {})}}
+    quadrants = Comparison(old="v1", new="v2", compatible="v2 + compat", tasks={
+        "v1 → v2": TaskComparison(plain, correct=(old_ok, v2["correct"])),
+        "v1 → v2 + compatibility adapter": TaskComparison(compat, correct=(old_ok, scores["compat"]["correct"])),
+        **({"v1 → v2 + control adapter": TaskComparison(control, correct=(old_ok, scores["control"]["correct"]))}
+           if control else {})})
     plot_quadrants(quadrants, out / "flips.png")
     atomic_write_text(out / "report.json", json.dumps(report, indent=2))
     atomic_write_text(out / "report.md", update_markdown(report))
@@ -219,6 +220,5 @@ def _lm_eval_flips(cfg: UpdateConfig, models: dict, new_model) -> dict:
     report = {}
     for task in sorted(v1_runs):
         for filt, entry in compare_task(v1_runs[task], v2_runs[task], compatible=compat_runs[task]).items():
-            report[task if filt == "none" else f"{task},{filt}"] = \
-                {k: v for k, v in entry.items() if not k.startswith("_")}
+            report[task if filt == "none" else f"{task},{filt}"] = entry.metrics
     return report

@@ -155,9 +155,9 @@ class Pick:
         return step / "cache"
 
     def v2(self):
-        from .steps import _v2_task_model
+        from .steps import v2_task_model
 
-        return _v2_task_model(self.cfg, self.v2_adapter)
+        return v2_task_model(self.cfg, self.v2_adapter)
 
     def adapter_model(self, adapter: Path):
         from peft import PeftModel
@@ -242,11 +242,11 @@ class Pick:
         from ..talr.config import TALRConfig
         from ..talr.trainer import TALRTrainer
         from ..utils.progress import TrainingProgress
-        from .steps import _training_kwargs, adapter_start
+        from .steps import adapter_start, training_kwargs
 
         cfg = self.cfg
         world = int(os.environ.get("WORLD_SIZE", "1"))  # under `_launch`: the batch split among the processes
-        kwargs = _training_kwargs(cfg, output_dir=str(tmp / "trainer"), learning_rate=setting.learning_rate,
+        kwargs = training_kwargs(cfg, output_dir=str(tmp / "trainer"), learning_rate=setting.learning_rate,
                                   num_train_epochs=max_epochs, seed=seed,
                                   **({"per_device_train_batch_size": cfg.batch_size // world} if world > 1 else {}))
         model, peft_config = adapter_start(cfg, self.v2_adapter, seed)
@@ -385,13 +385,13 @@ class Pick:
 
         from ..talr.config import TALRConfig
         from ..talr.trainer import TALRTrainer
-        from .steps import _training_kwargs, adapter_start, load_new_base
+        from .steps import adapter_start, load_new_base, training_kwargs
 
         with tempfile.TemporaryDirectory() as tmp:
             model, peft_config = adapter_start(self.cfg, None if self.cfg.new_adapter is None else self.cfg.new_adapter,
                                                self.cfg.seed)
             rows = (self.rows["train"] * 3)[: 3 * self.cfg.batch_size]
-            trainer = TALRTrainer(model=model, args=TALRConfig(**_training_kwargs(
+            trainer = TALRTrainer(model=model, args=TALRConfig(**training_kwargs(
                 self.cfg, output_dir=tmp, learning_rate=1e-5, max_steps=3, logging_steps=1000), weighting="none"),
                 train_dataset=Dataset.from_list(rows), processing_class=self.tok_new, peft_config=peft_config)
             trainer.remove_callback(PrinterCallback)

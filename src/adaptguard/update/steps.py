@@ -1,7 +1,7 @@
 """The steps every `adaptguard update` shares: the rows (`load_rows`), the config's bases and the user's models
 (`resolved`, `check_user_models`), the task adapters of v1 and v2 (`task_adapters`: the user's, or trained from
 train and stored), the models they make (`v1_task_model`, `load_new_base`), where a candidate adapter starts
-(`adapter_start`) and the training arguments every trainer gets (`_training_kwargs`). `pick.Pick` runs them.
+(`adapter_start`) and the training arguments every trainer gets (`training_kwargs`). `pick.Pick` runs them.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _rows(spec, split: str) -> list[dict]:
     return list(load_any_dataset(spec, split))
 
 
-def _training_kwargs(cfg: UpdateConfig, **specific) -> dict:
+def training_kwargs(cfg: UpdateConfig, **specific) -> dict:
     """Training arguments shared by the three trainings; `extra_args` overrides the defaults."""
     from ..trl_adapter import no_activation_checkpointing
 
@@ -61,7 +61,7 @@ def _train_task_adapter(cfg: UpdateConfig, base: str, train_rows, out: Path, tok
         say(f"{desc}: reusing the finished adapter in {out} (same base, data and settings)")
         return out
     with finished_dir(out) as tmp:
-        args = TALRConfig(**_training_kwargs(cfg, output_dir=str(tmp / "run"), weighting="none",
+        args = TALRConfig(**training_kwargs(cfg, output_dir=str(tmp / "run"), weighting="none",
                                              learning_rate=cfg.task_learning_rate, num_train_epochs=cfg.task_epochs))
         model = load_causal_lm(base, quantization, use_cpu=cfg.use_cpu)
         trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(train_rows),
@@ -120,7 +120,7 @@ def check_user_models(cfg: UpdateConfig) -> None:
                              f"{base!r}; set {field_of_base} to the adapter's base")
 
 
-def _v2_task_model(cfg: UpdateConfig, v2_adapter: Path | None):
+def v2_task_model(cfg: UpdateConfig, v2_adapter: Path | None):
     """v2 as the update ships it: the new base with its task adapter, or the new base alone."""
     from peft import PeftModel
 
