@@ -69,9 +69,6 @@ class Threshold:
             raise GateError(f"--fail-on {expr!r}: expected [TASKGLOB:]METRIC>VALUE or [TASKGLOB:]METRIC<VALUE, "
                             f"e.g. 'nfr>0.02' or 'mmlu_*:btc<0.95'")
         metric = m["metric"]
-        if metric == "nfr_mc":  # renamed before any release
-            raise GateError(f"--fail-on {expr!r}: nfr_mc was renamed inconsistency_flips (what it counts: wrong "
-                            "answers that changed)")
         if metric not in GATE_METRICS:
             raise GateError(f"--fail-on {expr!r}: unknown metric {metric!r}; known: {', '.join(GATE_METRICS)}")
         text = m["value"]
