@@ -161,8 +161,8 @@ def test_reference_that_does_not_cover_the_documents_fails_before_scoring(varian
 
 
 def test_unknown_names_and_folders_are_refused(variant_runs, tmp_path):
-    proc = run_cli("compat-tasks", "no_such_task", "--include_path", variant_runs / "tasks", "--out", tmp_path / "o")
+    proc = run_cli("compat-tasks", "no_such_task", "--include-path", variant_runs / "tasks", "--out", tmp_path / "o")
     assert proc.returncode == 2 and "lm-eval knows no task, group or tag 'no_such_task'" in proc.stderr
     assert not (tmp_path / "o").exists()
-    proc = run_cli("compat-tasks", "t_piqa", "--include_path", tmp_path / "missing", "--out", tmp_path / "o")  # the alias
+    proc = run_cli("compat-tasks", "t_piqa", "--include-path", tmp_path / "missing", "--out", tmp_path / "o")
     assert proc.returncode == 2 and f"--include-path {tmp_path / 'missing'}: no such directory" in proc.stderr
