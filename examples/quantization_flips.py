@@ -370,6 +370,10 @@ def run_schemes(args: Args) -> dict:
     records = Path(args.records) if args.records else out / "records"
     order = ["fp32", *([FLOOR] if args.floor else []), *schemes]
     reruns = scheme_reruns(schemes, args) if args.scheme_floors else []
+    if args.report and args.scheme_floors:
+        # the report reads the reruns the records hold, made on whichever CPU they were made on: not this one's tag
+        tags = sorted({parse_run(p.name)[1] for p in records.iterdir() if p.is_dir()} - {None}) if records.is_dir() else []
+        reruns = [r for tag in tags for r in scheme_reruns(schemes, args, tag)] or reruns
     if args.report:
         return write_schemes_report(records, order, out, asked, reruns)
     path = resolve_model(args.model)
