@@ -43,20 +43,6 @@ class Runtime:
 
 
 @contextmanager
-def _threads(n: int | None):
-    """torch's intra-op threads at `n` for the block (None: unchanged), then as they were."""
-    import torch
-
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@contextmanager
 def _working_dir(path: str | None):
     before = os.getcwd()
     if path and os.path.isdir(path):
@@ -96,7 +82,9 @@ def run_job(job, runtime: Runtime):
     job's folder and its seconds here (from this call on: what the executor adds is the driver's time beyond it)."""
     start = time.perf_counter()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    with _output_to(runtime.log(job)), _threads(runtime.threads), _working_dir(runtime.cwd):
+    from ..utils.threads import torch_threads
+
+    with _output_to(runtime.log(job)), torch_threads(runtime.threads), _working_dir(runtime.cwd):
         print(f"== {job.label} (pid {os.getpid()}, {runtime.threads or 'default'} thread(s))", flush=True)
         try:
             folder = str(job.run())
@@ -139,7 +127,9 @@ class InProcess:
 
     def submit(self, job):
         start = time.perf_counter()
-        with _threads(self.runtime.threads):
+        from ..utils.threads import torch_threads
+
+        with torch_threads(self.runtime.threads):
             try:
                 folder = str(job.run(self.context))
                 return _Finished({"folder": folder, "seconds": time.perf_counter() - start}, None)
