@@ -96,16 +96,39 @@ def cpu_args(output_dir, **kwargs):
     return TALRConfig(**base)
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)` run once per test session, however many xdist workers ask (the first builds under a file lock,
+    the others wait and read): for read-only fixtures that train or run lm-eval."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        shared = shared.parent  # the session's folder, above each worker's own
+    root = shared / name
+    with FileLock(str(root) + ".lock"):
+        if not (root / ".built").exists():
+            if root.exists():  # a build that failed in another worker: start again
+                import shutil
+
+                shutil.rmtree(root)
+            root.mkdir()
+            build(root)
+            (root / ".built").touch()
+    return root
+
+
 @pytest.fixture(scope="session")
 def lm_runs(tmp_path_factory, embedded_path):
+    """Two real `lm_eval --log_samples` runs (the embedded model and a fine-tune of it) on two toy tasks; read-only."""
     from lm_eval_runs import finetune_new_model, run_lm_eval, write_tasks
 
-    root = tmp_path_factory.mktemp("lm_runs")
-    tasks = write_tasks(root)
-    new_model = finetune_new_model(embedded_path, root / "new_model")
-    run_lm_eval(embedded_path, tasks, root / "old")
-    run_lm_eval(new_model, tasks, root / "new")
-    return root
+    def build(root):
+        tasks = write_tasks(root)
+        new_model = finetune_new_model(embedded_path, root / "new_model")
+        run_lm_eval(embedded_path, tasks, root / "old")
+        run_lm_eval(new_model, tasks, root / "new")
+
+    return built_once(tmp_path_factory, "lm_runs", build)
 
 
 def make_adapter(base_path, out, seed, scale=0.3, kind="lora"):

@@ -32,8 +32,7 @@ def load_lm(model: str, model_args: str, batch_size: int, device: str | None):
 def _evaluate(ns: argparse.Namespace) -> int:
     import tempfile
 
-    from lm_eval.tasks import TaskManager
-
+    from ..compat.callback import task_manager
     from ..compat.formats import read_runs
     from ..compat.gate import describe, exit_status
     from ..compat.harness import gathered_include_path
@@ -62,7 +61,7 @@ def _evaluate(ns: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="adaptguard-evaluate-tasks-") as tmp:
         include = gathered_include_path([*map(Path, ns.include_path or []), *lm_eval_task_dirs()], Path(tmp))
         gate = evaluate_until_decided(ns.baseline, out, lm, ns.fail_on, tasks=tasks, alpha=ns.significance,
-                                      chunk=ns.chunk, seed=ns.seed, task_manager=TaskManager(include_path=str(include)))
+                                      chunk=ns.chunk, seed=ns.seed, task_manager=task_manager(include, tasks or sorted(base)))
     print(describe(gate))
     print(f"run: {out} (lm-eval samples and {out / 'sequential.json'}; `adaptguard compare {ns.baseline} {out}` "
           "takes the same decisions)")

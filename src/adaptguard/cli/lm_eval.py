@@ -67,14 +67,13 @@ def _add_compat_variants(argv: list[str], include: Path) -> None:
             names += [n.strip() for n in value.split(",") if n.strip().startswith("compat_") and not any(c in n for c in "*?[")]
     if not names:
         return
-    from lm_eval.tasks import TaskManager
+    from ..compat.callback import task_manager
+    from ..compat.variants import PREFIX, write_compat_tasks
 
-    from ..compat.variants import write_compat_tasks
-
-    manager = TaskManager(include_path=str(include))
-    missing = [n for n in names if n not in manager.task_index]
-    if missing:
-        write_compat_tasks(missing, include / "generated-compat-variants", task_manager=manager)
+    missing = [n for n in names if n not in task_manager(include, []).task_index]
+    if missing:  # written from the tasks they vary, which may be lm-eval's own
+        write_compat_tasks(missing, include / "generated-compat-variants",
+                           task_manager=task_manager(include, [n.removeprefix(PREFIX) for n in missing]))
 
 
 def _run(ns: argparse.Namespace) -> int:

@@ -23,7 +23,6 @@ def evaluate_with_lm_eval(model, tokenizer, tasks: list[str], *, limit=None, num
     (plus `include_path`) visible; returns lm-eval's output dict (`results`, and `samples` when logged)."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
     from ..plugins import lm_eval_task_dirs
 
@@ -31,17 +30,24 @@ def evaluate_with_lm_eval(model, tokenizer, tasks: list[str], *, limit=None, num
     model.eval()
     try:
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-        dirs = [str(d) for d in [*include_path, *lm_eval_task_dirs()]]
-        # Indexing lm-eval's own ~14 000 task YAMLs takes ~20 s on 2 CPU cores, on every call: skip it when every
-        # task asked for is defined in the given folders.
-        manager = TaskManager(include_path=dirs, include_defaults=False, metadata=dict(metadata or {}))
-        if not _defined_in(manager.task_index, tasks):
-            manager = TaskManager(include_path=dirs, metadata=dict(metadata or {}))
+        manager = task_manager([*include_path, *lm_eval_task_dirs()], tasks, metadata)
         return simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
                                num_fewshot=num_fewshot, gen_kwargs=gen_kwargs, log_samples=log_samples,
                                bootstrap_iters=0)
     finally:
         model.train(was_training)
+
+
+def task_manager(include_path, names, metadata: dict | None = None):
+    """lm-eval's `TaskManager` over the folders of `include_path`, with lm-eval's own tasks only when one of `names`
+    needs them: indexing its ~14 000 task YAMLs takes 11-20 s on 2 CPU cores, on every call."""
+    from lm_eval.tasks import TaskManager
+
+    dirs = [str(d) for d in ([include_path] if isinstance(include_path, (str, Path)) else include_path)]
+    manager = TaskManager(include_path=dirs, include_defaults=False, metadata=dict(metadata or {}))
+    if _defined_in(manager.task_index, names):
+        return manager
+    return TaskManager(include_path=dirs, metadata=dict(metadata or {}))
 
 
 def _defined_in(index: dict, names) -> bool:

@@ -251,9 +251,9 @@ def write_compat_tasks(names: list[str], out_dir: str | Path, *, include_path=No
     `lm_eval --include_path out_dir`; written into a temporary folder first, then renamed into place, so an
     error leaves no partial set."""
     if task_manager is None:
-        from lm_eval.tasks import TaskManager
+        from .callback import task_manager as manager_for
 
-        task_manager = TaskManager(include_path=include_path)
+        task_manager = manager_for(include_path or [], [name.removeprefix(PREFIX) for name in names])
     configs = compat_configs(names, task_manager)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
