@@ -3,10 +3,9 @@ numbers in configs and on the command line, `adaptguard update`'s whole config, 
 paths, file-system errors and unsupported figure types. No traceback for a user's mistake."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from test_compat import run_cli
 
 
 @pytest.mark.parametrize("field, value", [("l2_lambda", float("nan")), ("kl_beta", float("nan")),
@@ -35,8 +34,7 @@ def test_muscle_config_refuses_non_finite(tmp_path, field):
     (["select", "--target", "t.jsonl", "--candidates", "c.jsonl", "--min-gain", "x"], "--min-gain: expected a number, got 'x'"),
 ])
 def test_cli_numbers_refuse_nan_inf_and_text(tmp_path, args, message):
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", *args], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
 
 
@@ -51,8 +49,7 @@ def test_update_validates_the_config_before_any_work(tmp_path, field, value, mes
     rows = [{"prompt": "q", "completion": " a"}]
     config.write_text(json.dumps({"old_base": str(tmp_path / "nope-v1"), "new_base": str(tmp_path / "nope-v2"),
                                   "train": rows, "test": rows, field: value}))
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_cli("update", config, "--out", tmp_path / "o")
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "o").exists()
 
@@ -82,15 +79,11 @@ def test_empty_completions_are_refused_before_training(tmp_path, embedded_path):
     rows = [{"prompt": "q", "completion": ""}]
     config.write_text(json.dumps({"old_base": str(embedded_path), "new_base": str(embedded_path), "train": rows,
                                   "test": [{"prompt": "q", "completion": " a"}]}))
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_cli("update", config, "--out", tmp_path / "o")
     assert proc.returncode == 2 and "train: every row's 'completion' is empty" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "o" / "v1_task_adapter").exists()
 
 
-def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "adaptguard.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -108,7 +101,7 @@ def cli(*args, cwd=None):
 ])
 def test_cli_messages_name_the_argument(tmp_path, args, message):
     (tmp_path / "d.jsonl").write_text(json.dumps({"text": "a b"}) + "\n")
-    proc = cli(*args, cwd=tmp_path)
+    proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
@@ -117,22 +110,22 @@ def test_update_with_a_missing_base_is_a_message(tmp_path):
     rows = [{"prompt": "q", "completion": " a"}]
     config.write_text(json.dumps({"old_base": str(tmp_path / "v1"), "new_base": "org/model", "train": rows,
                                   "test": rows}))
-    proc = cli("update", config)
+    proc = run_cli("update", config)
     assert proc.returncode == 2 and f"old_base: {tmp_path / 'v1'}: no such file or directory" in proc.stderr
 
 
 def test_file_system_errors_are_messages(lm_runs, tmp_path):
     (tmp_path / "adir").mkdir()
-    proc = cli("compare", lm_runs / "old", lm_runs / "new", "--json", tmp_path / "adir")
+    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", "--json", tmp_path / "adir")
     assert proc.returncode == 2 and "is a directory" in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "afile").write_text("x")
-    proc = cli("drift", "bound", "--out", tmp_path / "afile" / "f.png")
+    proc = run_cli("drift", "bound", "--out", tmp_path / "afile" / "f.png")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and str(tmp_path / "afile") in proc.stderr
     assert (tmp_path / "afile").read_text() == "x"
 
 
 def test_plot_suffix_gives_the_format(lm_runs, tmp_path):
-    proc = cli("compare", lm_runs / "old", lm_runs / "new", "--plot", tmp_path / "flips.svg", "--json",
+    proc = run_cli("compare", lm_runs / "old", lm_runs / "new", "--plot", tmp_path / "flips.svg", "--json",
                tmp_path / "r.json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "flips.svg").read_text().lstrip().startswith(("<?xml", "<svg"))

@@ -130,8 +130,8 @@ def independent_flips(old_file, new_file, metric):
             "btc": (o & n).sum() / o.sum(), "old_acc": o.mean(), "new_acc": n.mean(), "n": len(ids)}
 
 
-def run_cli(*args):
-    """`adaptguard ARGS` run by the CLI's own `main` in this process (what the console script and `python -m
+def run_cli(*args, cwd=None):
+    """`adaptguard ARGS` (in the folder `cwd`) run by the CLI's own `main` in this process (what the console script and `python -m
     adaptguard.cli` call; the process itself is tested in test_cli_help), as a finished process: `returncode`,
     `stdout`, `stderr`. What the process would print is captured as it would show: warnings under Python's default
     filters (pytest would otherwise record them out of sight) and the log lines of handlers bound to the real
@@ -150,7 +150,7 @@ def run_cli(*args):
     streams = [h.setStream(err) for h in handlers]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                warnings.catch_warnings(record=True) as caught:
+                contextlib.chdir(cwd or "."), warnings.catch_warnings(record=True) as caught:
             warnings.resetwarnings()  # Python's own default filters, as a fresh `adaptguard` process has them
             warnings.simplefilter("default")
             for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):

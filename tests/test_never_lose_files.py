@@ -2,12 +2,11 @@
 work, with exit 2 and a message naming the argument; our own earlier output is still replaced."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from datasets import Dataset, load_from_disk
+from test_compat import run_cli
 
 from adaptguard.muscle.logit_cache import build_logit_cache, is_logit_cache
 from adaptguard.utils.files import check_replaceable, is_saved_dataset, write_dataset
@@ -21,9 +20,6 @@ def precious(tmp_path):
     return d
 
 
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "adaptguard.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.mark.parametrize("command", [
@@ -35,7 +31,7 @@ def cli(*args):
 def test_cli_refuses_a_users_directory_and_deletes_nothing(tmp_path, precious, command):
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"text": "a b", "question": "q", "answer": "a"}) + "\n")
-    proc = cli(*command(data, precious))
+    proc = run_cli(*command(data, precious))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"--out: {precious} is a non-empty directory that is not" in proc.stderr and "Traceback" not in proc.stderr
     assert [p.name for p in precious.iterdir()] == ["thesis.txt"] and (precious / "thesis.txt").read_text() == "x"
