@@ -35,12 +35,10 @@ def test_seed_list_and_machine_info():
 
 @pytest.mark.parametrize("command", [["demo"], ["drift", "experiment"], ["update", "--preset", "tiny"]])
 def test_cli_bad_seeds_exit_2_and_write_nothing(tmp_path, command):
-    import subprocess
-    import sys
+    from test_compat import run_cli
 
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", *command, "--seeds", "0", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_cli(*command, "--seeds", "0", "--out", out)
     assert proc.returncode == 2 and "--seeds: expected a positive integer, got 0" in proc.stderr
     assert "writing" not in proc.stdout and not out.exists()
 
