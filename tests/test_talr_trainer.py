@@ -109,47 +109,9 @@ def test_gradient_accumulation_gives_the_big_batch_update(embedded_path, tmp_pat
     assert_same_update(big, accum, init)
 
 
+# One `accelerate launch` of two processes for both tests below (a launch costs three Python processes' imports):
+# first the update that must equal the big batch's, then token analysis on a fresh model.
 DDP_SCRIPT = """
-import sys, torch
-from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
-sys.path.insert(0, {tests!r})
-from conftest import cpu_args
-from test_talr_trainer import ROWS
-from adaptguard import TALRTrainer
-path, out = sys.argv[1], sys.argv[2]
-model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-args = cpu_args(out, max_steps=1, optim="sgd", learning_rate=0.5, lr_scheduler_type="constant", talr_tau=1.0,
-                per_device_train_batch_size=4)
-trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
-trainer.train()
-assert trainer.accelerator.num_processes == 2, trainer.accelerator.num_processes
-if trainer.accelerator.is_main_process:
-    from safetensors.torch import save_file
-    save_file({{n: p.detach().contiguous() for n, p in trainer.model.named_parameters()}}, out + "/params.safetensors")
-trainer.accelerator.wait_for_everyone()
-trainer.accelerator.end_training()
-"""
-
-
-def test_two_processes_give_the_big_batch_update(embedded_path, tmp_path):
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    script = tmp_path / "ddp.py"
-    script.write_text(DDP_SCRIPT.format(tests=str(ROOT / "tests")))
-    out = tmp_path / "ddp"
-    out.mkdir()
-    launch_two_processes(script, embedded_path, out)
-    ddp = load_file(out / "params.safetensors")
-    tok = AutoTokenizer.from_pretrained(embedded_path)
-    init = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(embedded_path).named_parameters()}
-    single = train_once(AutoModelForCausalLM.from_pretrained(embedded_path), tok, tmp_path / "single",
-                        per_device_train_batch_size=8)
-    assert_same_update(single, {n: ddp[n] for n in single}, init)
-
-
-TOKEN_ANALYSIS_DDP_SCRIPT = """
 import json, sys, torch, torch.distributed as dist
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -158,20 +120,35 @@ from conftest import cpu_args
 from test_talr_trainer import ROWS
 from adaptguard import TALRTrainer
 path, out = sys.argv[1], sys.argv[2]
-model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+tok = AutoTokenizer.from_pretrained(path)
+
+# 1. one SGD step on 4 rows per rank: the update of one step on all 8 rows
+args = cpu_args(out + "/ddp", max_steps=1, optim="sgd", learning_rate=0.5, lr_scheduler_type="constant", talr_tau=1.0,
+                per_device_train_batch_size=4)
+trainer = TALRTrainer(model=AutoModelForCausalLM.from_pretrained(path), args=args, train_dataset=Dataset.from_list(ROWS),
+                      processing_class=tok)
+trainer.train()
+assert trainer.accelerator.num_processes == 2, trainer.accelerator.num_processes
+if trainer.accelerator.is_main_process:
+    from safetensors.torch import save_file
+    save_file({{n: p.detach().contiguous() for n, p in trainer.model.named_parameters()}}, out + "/ddp/params.safetensors")
+trainer.accelerator.wait_for_everyone()
+
+# 2. token analysis: every rank scores the analysed rows
+model = AutoModelForCausalLM.from_pretrained(path)
 scored = []
 def collective(module, args):  # as under FSDP/ZeRO-3: an eval forward needs every rank (else all_reduce hangs)
     if not module.training:
         dist.all_reduce(torch.ones(1))
         scored.append(1)
 model.register_forward_pre_hook(collective)
-args = cpu_args(out, num_train_epochs=2, per_device_train_batch_size=4, token_analysis=True,
+args = cpu_args(out + "/ta", num_train_epochs=2, per_device_train_batch_size=4, token_analysis=True,
                 token_analysis_examples=[0], token_analysis_max_examples=4, per_device_eval_batch_size=2)
 trainer = TALRTrainer(model=model, args=args, train_dataset=Dataset.from_list(ROWS), processing_class=tok)
 trainer.train()
 # one file per rank: two processes printing to one pipe can interleave their lines
 rank = trainer.accelerator.process_index
-open(f"{{out}}/rank{{rank}}.json", "w").write(json.dumps({{"rank": rank, "eval_forwards": len(scored)}}))
+open(f"{{out}}/ta/rank{{rank}}.json", "w").write(json.dumps({{"rank": rank, "eval_forwards": len(scored)}}))
 # no rank destroys the process group while the other may still be in a collective or writing the report (a rank
 # leaving early once aborted the other in a CI run: "terminate called without an active exception")
 trainer.accelerator.wait_for_everyone()
@@ -179,13 +156,32 @@ trainer.accelerator.end_training()
 """
 
 
-def test_token_analysis_runs_on_every_rank(embedded_path, tmp_path):
+@pytest.fixture(scope="module")
+def ddp_runs(embedded_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("talr_ddp")
+    (out / "ddp").mkdir()
+    script = out / "ddp.py"
+    script.write_text(DDP_SCRIPT.format(tests=str(ROOT / "tests")))
+    launch_two_processes(script, embedded_path, out)
+    return out
+
+
+def test_two_processes_give_the_big_batch_update(embedded_path, ddp_runs, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ddp = load_file(ddp_runs / "ddp" / "params.safetensors")
+    tok = AutoTokenizer.from_pretrained(embedded_path)
+    init = {n: p.detach().clone() for n, p in AutoModelForCausalLM.from_pretrained(embedded_path).named_parameters()}
+    single = train_once(AutoModelForCausalLM.from_pretrained(embedded_path), tok, tmp_path / "single",
+                        per_device_train_batch_size=8)
+    assert_same_update(single, {n: ddp[n] for n in single}, init)
+
+
+def test_token_analysis_runs_on_every_rank(ddp_runs):
     """Under 2 processes every rank scores the analysed rows (a forward that needs all ranks completes: no hang)
     and only the main process writes the report."""
-    script = tmp_path / "ta.py"
-    script.write_text(TOKEN_ANALYSIS_DDP_SCRIPT.format(tests=str(ROOT / "tests")))
-    out = tmp_path / "ta"
-    launch_two_processes(script, embedded_path, out)
+    out = ddp_runs / "ta"
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     # before training and after each of 2 epochs, 4 rows in batches of 2: 3 x 2 forwards on each rank
     assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["eval_forwards"] == 6 for r in ranks), ranks
