@@ -224,3 +224,34 @@ def test_a_damaged_smollm2_cache_is_rebuilt(tmp_path, monkeypatch):
     assert len(builds) == 1 and builds[0] != target and (target / "model.safetensors").stat().st_size == 1000
     assert embedded.built_model_path("smollm2") == target and len(builds) == 1  # complete: not rebuilt
     assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no temporary folder left
+
+
+def test_smollm2_asked_by_two_at_once_is_built_once(tmp_path, monkeypatch):
+    """Two callers at the same time (two test workers, two jobs of a grid): one builds, the other waits and reads
+    the same complete build."""
+    import threading
+    import time
+
+    from adaptguard.models import embedded, smollm2
+
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path))
+    builds = []
+
+    def slow_build(out, downloads):
+        builds.append(out)
+        time.sleep(1.0)  # the other caller arrives while this build runs
+        (out / "model.safetensors").write_bytes(b"x" * 1000)
+        (out / "tokenizer.json").write_text("{}")
+        (out / "adaptguard_embedded.json").write_text(json.dumps({"model_bytes": 1000}))
+
+    monkeypatch.setattr(smollm2, "build_smollm2", slow_build)
+    got = []
+    callers = [threading.Thread(target=lambda: got.append(embedded.built_model_path("smollm2"))) for _ in range(2)]
+    for c in callers:
+        c.start()
+        time.sleep(0.2)
+    for c in callers:
+        c.join()
+    target = tmp_path / "built" / f"smollm2-{smollm2.WHEEL_VERSION}"
+    assert got == [target, target] and len(builds) == 1
+    assert (target / "model.safetensors").stat().st_size == 1000

@@ -412,33 +412,40 @@ def compare_builds(shipped: str | os.PathLike, rebuilt: str | os.PathLike, spec:
 
 def _smollm2_path() -> Path:
     """SmolLM2-135M-Instruct from its PyPI wheel, built once (`adaptguard.models.smollm2`). A cached build that
-    is incomplete or damaged (its recorded size differs) is ours: it is removed and built again."""
+    is incomplete or damaged (its recorded size differs) is ours: it is removed and built again. Processes that ask
+    at the same time (two test workers, two jobs) build it once: the others wait on a file lock and read it."""
+    from filelock import FileLock
+
     from .smollm2 import WHEEL_VERSION, build_smollm2
 
     target = cache_root() / "built" / f"smollm2-{WHEEL_VERSION}"
-    marker = target / "adaptguard_embedded.json"
-    if target.exists():
-        try:
-            expected = json.loads(marker.read_text())["model_bytes"]
-            if (target / "model.safetensors").stat().st_size == expected and (target / "tokenizer.json").exists():
-                return target
-        except (OSError, ValueError, KeyError):
-            pass
-        warnings.warn(f"{target}: an incomplete or damaged build of built:smollm2; building it again",
-                      RuntimeWarning, stacklevel=3)
-        shutil.rmtree(target)
+    if _complete_build(target):
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
-    try:
-        print(f"building built:smollm2 once (cached in {target.parent}) ...", file=sys.stderr, flush=True)
-        build_smollm2(tmp, cache_root() / "downloads")
-        os.rename(tmp, target)  # atomic: a reader never sees a half-written model
-    except OSError:
-        if not marker.exists():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    (cache_root() / "locks").mkdir(exist_ok=True)
+    with FileLock(str(cache_root() / "locks" / f"{target.name}.lock")):
+        if _complete_build(target):  # built by the process that held the lock
+            return target
+        if target.exists():
+            warnings.warn(f"{target}: an incomplete or damaged build of built:smollm2; building it again",
+                          RuntimeWarning, stacklevel=3)
+            shutil.rmtree(target)
+        tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+        try:
+            print(f"building built:smollm2 once (cached in {target.parent}) ...", file=sys.stderr, flush=True)
+            build_smollm2(tmp, cache_root() / "downloads")
+            os.rename(tmp, target)  # atomic: a reader never sees a half-written model
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _complete_build(target: Path) -> bool:
+    try:
+        expected = json.loads((target / "adaptguard_embedded.json").read_text())["model_bytes"]
+        return (target / "model.safetensors").stat().st_size == expected and (target / "tokenizer.json").exists()
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 MODEL_PREFIXES = {"embedded:": embedded_model_path, "built:": built_model_path}
