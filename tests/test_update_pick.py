@@ -3,6 +3,7 @@ registered rule at matched accuracy (recomputed here from the stored per-item sc
 pick, resuming after a kill, the shipped adapter, and bad input refused before anything is written."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,23 @@ def toy_config(tmp_path, **kw):
     return cfg
 
 
+@pytest.fixture(scope="module")
+def task_adapters(tmp_path_factory, embedded_path):
+    """The toy's v1 and v2 task adapters, trained once for the module (the driver's part of a run, the same in every
+    toy run: their training settings and rows do not depend on the candidates or seeds); each run reuses them."""
+    from adaptguard.update.pick import Pick
+
+    root = tmp_path_factory.mktemp("task_adapters")
+    Pick(toy_config(root)).prepare()
+    return root / "out"
+
+
+def with_task_adapters(adapters: Path, cfg) -> None:
+    """`cfg`'s output folder holding the module's task adapters (found by their marker, reused by the run)."""
+    for name in ("v1_task_adapter", "v2_task_adapter"):
+        shutil.copytree(adapters / name, Path(cfg.output_dir) / name)
+
+
 def stored_scores(out: Path, split: str) -> dict[str, list[bool]]:
     """{model name: per-item correctness} of every stored score step of a split."""
     found = {}
@@ -47,11 +65,12 @@ def rule_by_hand(rows: list[tuple[str, str, float, float]], drop: float) -> tupl
     return ([r for r in tied if r[1] == "control"] or tied)[0][0], best[0]
 
 
-def test_pick_by_the_rule_no_test_item_first_and_resume_after_a_kill(tmp_path, embedded_path, monkeypatch):
+def test_pick_by_the_rule_no_test_item_first_and_resume_after_a_kill(tmp_path, task_adapters, monkeypatch):
     from adaptguard.update import pick as pick_module
     from adaptguard.update import run_update
 
     cfg = toy_config(tmp_path, test_seeds=[0, 1])
+    with_task_adapters(task_adapters, cfg)
     out = tmp_path / "out"
     test_prompts = {r["prompt"] for r in cfg.test}
     reads = []
@@ -137,12 +156,13 @@ def test_pick_by_the_rule_no_test_item_first_and_resume_after_a_kill(tmp_path, e
     assert (len(trained), len(reads)) == (n_trained, n_reads) and again["verdict"] == report["verdict"]
 
 
-def test_dev_seeds_average_each_setting_over_seeds(tmp_path, embedded_path):
+def test_dev_seeds_average_each_setting_over_seeds(tmp_path, task_adapters):
     """`dev_seeds` 2: every setting's dev accuracy and NFR are the means of its two seeds' stored scores."""
     from adaptguard.update import run_update
 
     cfg = toy_config(tmp_path, candidates=[{"recipe": "control", "learning_rate": [2e-3], "epochs": [1]},
                                            {"recipe": "kd", "learning_rate": [2e-3], "epochs": [1]}], dev_seeds=2)
+    with_task_adapters(task_adapters, cfg)
     report = run_update(cfg)
     dev = stored_scores(tmp_path / "out", "dev")
     assert report["dev"]["dev_seeds"] == [0, 1] and "means over 2 seeds" in report["dev"]["rule"]
