@@ -133,7 +133,7 @@ def test_bad_user_models_are_one_line_and_write_nothing(toy, tmp_path, case, mes
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
-def test_dry_run_prints_the_plan_and_writes_nothing(toy, tmp_path):
+def test_dry_run_prints_the_plan_and_writes_nothing(toy, tmp_path, capsys):
     out = tmp_path / "out"
     fields = {"old_base": toy["old_base"], "new_base": toy["new_base"], "train": toy["train"][:32],
               "dev": toy["dev"], "test": toy["test"], "output_dir": str(out), "old_model": str(toy["adapter"]),
@@ -142,13 +142,17 @@ def test_dry_run_prints_the_plan_and_writes_nothing(toy, tmp_path):
               "batch_size": 16, "use_cpu": True, "max_length": 64}
     cfg = tmp_path / "update.json"
     cfg.write_text(json.dumps(fields))
-    proc = run_cli("update", cfg, "--dry-run", "--seeds", "3", "--dev-seeds", "2")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    from adaptguard.cli.main import main
+
+    capsys.readouterr()
+    # the CLI's entry point in this process (its flags parsed as on the command line), not a second start-up
+    assert main(["update", str(cfg), "--dry-run", "--seeds", "3", "--dev-seeds", "2"]) == 0
+    stdout = capsys.readouterr().out
     # 4 runs (2 recipes × 2 lr; the 1-epoch adapter is the 2-epoch run's checkpoint) × 2 dev seeds, then the pick
     # and the control on the one test seed that is not a dev seed; 8 settings × 2 seeds + v1, v2 scored on dev
-    assert "trainings: 10 (8 settings of 4 runs × 2 dev seed(s)" in proc.stdout
-    assert "4 steps each" in proc.stdout  # 32 rows / 16 per batch × 2 epochs
-    assert "scorings: 18 on dev" in proc.stdout and "time: about" in proc.stdout
+    assert "trainings: 10 (8 settings of 4 runs × 2 dev seed(s)" in stdout
+    assert "4 steps each" in stdout  # 32 rows / 16 per batch × 2 epochs
+    assert "scorings: 18 on dev" in stdout and "time: about" in stdout
     assert not out.exists()
 
 
