@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 
-def test_update_pipeline_on_embedded_bases(tmp_path, lm_runs, tiny_v2_path):
+def test_update_pipeline_on_embedded_bases(tmp_path, tiny_v2_path):
     """One full `run_update` (tiny → tiny-v2, with two lm-eval tasks): its report's numbers against an independent
     recount from the saved adapters — each model's answers regenerated and the flips counted by hand."""
+    from lm_eval_runs import write_tasks
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -18,7 +19,9 @@ def test_update_pipeline_on_embedded_bases(tmp_path, lm_runs, tiny_v2_path):
 
     cfg = tiny_preset(str(tmp_path / "out"))
     cfg.task_epochs, cfg.compat_epochs = 2, 1  # the mechanics, quickly: no rate is asserted
-    cfg.lm_eval_tasks, cfg.lm_eval_include_path = ["t_piqa", "t_gsm"], [str(lm_runs / "tasks")]
+    # the two lm-eval tasks' files (the suite's `lm_runs` fixture writes the same, then fine-tunes and evaluates a
+    # model this test does not read)
+    cfg.lm_eval_tasks, cfg.lm_eval_include_path = ["t_piqa", "t_gsm"], [str(write_tasks(tmp_path / "lm"))]
     cfg.lm_eval_gen_kwargs = {"max_gen_toks": 12}
     report = run_update(cfg)
     out = tmp_path / "out"
@@ -169,7 +172,7 @@ def test_old_only_mask_moves_the_student_to_v1s_answers(tmp_path, embedded_path)
     assert kept_start["grad_norm"] < 1e-4 * moved_start["grad_norm"]
 
 
-def test_cli_seed_sweep_reports_the_spread_of_the_per_seed_runs(tmp_path, embedded_path):
+def test_cli_seed_sweep_reports_the_spread_of_the_per_seed_runs(tmp_path, embedded_path, capsys):
     """`adaptguard update CONFIG --seeds 2`: one full run per seed, and a summary that equals the spread
     recomputed from the per-seed report.json files (mechanics only: one epoch each, rates not asserted)."""
     rows = [{"prompt": f"question : opposite of {a} ? answer :", "completion": f" {b} ."}
@@ -197,12 +200,15 @@ def test_cli_seed_sweep_reports_the_spread_of_the_per_seed_runs(tmp_path, embedd
     assert result["seeds_without_regressions"] == sum(r["nfr"] == 0 for r in per_seed)
     md = (out / "seeds.md").read_text()
     assert "| seed | M_v1 acc |" in md and "Measured on" in md and result["machine"]["cpu"] in md
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--seeds", "0"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "--seeds: expected a positive integer, got 0" in proc.stderr
+    # the refusal comes before any model is built: the CLI's entry point in this process (no second start-up)
+    from adaptguard.cli.main import main
+
+    capsys.readouterr()
+    assert main(["update", str(config), "--seeds", "0"]) == 2
+    assert "--seeds: expected a positive integer, got 0" in capsys.readouterr().err
 
 
-def test_config_file_errors(tmp_path):
+def test_config_file_errors(tmp_path, capsys):
     from adaptguard.update import UpdateConfig
 
     bad = tmp_path / "bad.json"
@@ -215,9 +221,10 @@ def test_config_file_errors(tmp_path):
     bad.write_text(json.dumps({"old_base": "a"}))
     with pytest.raises(ValueError, match="missing required fields \\['new_base', 'test', 'train'\\]"):
         UpdateConfig.from_file(bad)
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(tmp_path / "none.json")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "no such config file" in proc.stderr
+    from adaptguard.cli.main import main
+
+    assert main(["update", str(tmp_path / "none.json")]) == 2  # the CLI's entry point, in this process
+    assert "no such config file" in capsys.readouterr().err
 
 
 def test_vocabulary_mismatch_is_refused_before_training(tmp_path, embedded_path):
@@ -316,7 +323,7 @@ def test_ctrl_c_during_update_ends_cleanly(tmp_path, embedded_path):
             for a, b in (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"))]
     config = tmp_path / "update.json"
     config.write_text(json.dumps({"old_base": str(embedded_path), "new_base": str(embedded_path), "train": rows,
-                                  "test": rows, "task_epochs": 600, "batch_size": 4, "max_length": 64,
+                                  "test": rows, "task_epochs": 300, "batch_size": 4, "max_length": 64,
                                   "use_cpu": True}))
     out = tmp_path / "o"
     # a shell that starts jobs in the background (`cmd &`, as CI runners may) leaves SIGINT ignored, and Python then
@@ -331,7 +338,9 @@ def test_ctrl_c_during_update_ends_cleanly(tmp_path, embedded_path):
             chunk = os.read(proc.stderr.fileno(), 4096)
             assert chunk, f"update ended before the v2 adapter: {err.decode()[-2000:]}"
             err += chunk
-        time.sleep(1)  # v2 trains for 600 steps, >10 s on a fast idle machine: the signal arrives during its training
+        # v2 trains for 300 steps (as v1 did before it), >5 s on a fast idle machine: the signal, 1 s after its
+        # training began, arrives during it
+        time.sleep(1)
         proc.send_signal(signal.SIGINT)
         _, rest = proc.communicate(timeout=120)
     finally:
