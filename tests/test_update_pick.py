@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_compat import run_cli
 
 CANDIDATES = [{"recipe": "control", "learning_rate": [2e-3], "epochs": [1, 2]},
               {"recipe": "focal", "learning_rate": [2e-3], "epochs": [1, 2], "distill_weight": [1.0]},
@@ -259,12 +260,30 @@ def test_bad_config_is_one_clear_line_and_writes_nothing(tmp_path, change, error
               "dev": cfg.test[:4], "test": cfg.test[4:8], "candidates": CANDIDATES[:1], "output_dir": str(tmp_path / "out"),
               **change}
     (tmp_path / "c.json").write_text(json.dumps(fields))
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(tmp_path / "c.json")],
-                          capture_output=True, text=True, timeout=300)
+    # the CLI's main in this process (warnings and log lines captured as a process shows them); a fresh process's
+    # own start (import-time noise) is checked once, below
+    proc = run_cli("update", tmp_path / "c.json")
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("adaptguard update: error: "), proc.stderr
     assert __import__("re").search(error, lines[0]), lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_config_from_a_fresh_process_is_one_line_too(tmp_path):
+    """The same refusal as `adaptguard update` starts in a new process: nothing its imports print comes first."""
+    from adaptguard.update import tiny_preset
+
+    cfg = tiny_preset(str(tmp_path / "out"))
+    fields = {"old_base": "embedded:tiny", "new_base": "embedded:tiny-v2", "train": cfg.train[:8], "dev": None,
+              "test": cfg.test[4:8], "candidates": CANDIDATES[:1], "output_dir": str(tmp_path / "out")}
+    (tmp_path / "c.json").write_text(json.dumps(fields))
+    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0] == ("adaptguard update: error: candidates: choosing among them needs a dev split (set dev); the "
+                        "test split is only scored after the pick"), lines[0]
     assert not (tmp_path / "out").exists()
 
 
