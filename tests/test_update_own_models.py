@@ -4,11 +4,10 @@ TRL `SFTTrainer`) or as a full model, v2's own adapter given, used as they are; 
 line naming the field, nothing written. On the embedded toy and, marked `real`, on SmolLM2."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_compat import run_cli  # the CLI's main in this process; its output as a process shows it
 
 CONTROL_ONLY = [{"recipe": "control", "learning_rate": [2e-3], "epochs": [1]}]
 
@@ -103,11 +102,6 @@ def test_v1_as_a_full_model_and_v2_adapter_given(toy, tmp_path):
     assert stored(out, "test", "v1")["pred"] == direct_answers(str(full), None, toy["test"], 8)
     # v2 is the user's adapter on the new base, unchanged
     assert stored(out, "test", "v2")["pred"] == direct_answers(toy["new_base"], v2, toy["test"], 8)
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "adaptguard.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
 
 
 @pytest.mark.parametrize("case, message", [
