@@ -178,21 +178,25 @@ def floors_section(report: dict) -> list[str]:
     if "own_floor" in fp32:
         said.append(f"fp32's own floor here: {fp32['own_floor']['pooled']['changed']} answers changed.")
     if w["missing"]:
-        said.append(f"**No own floor yet** (not run in this session): {listing(w['missing'])}; for them only fp32's "
+        said.append(f"**No own floor yet** (not run so far): {listing(w['missing'])}; for them only fp32's "
                     "floor exists, and how much of their flips batch alone would make is not known.")
     main = [r for r in floors.get("not_run", []) if not r.endswith("_b1")]
     batch_one = [r for r in floors.get("not_run", []) if r.endswith("_b1")]
     if main:
-        said.append(f"Registered runs not made in this session: {', '.join(main)}.")
+        said.append(f"Registered runs not made so far: {', '.join(main)}.")
     if batch_one:
         said.append(f"The batch-1 runs (registered only for time left after every floor) were not made: "
                     f"{', '.join(batch_one)}.")
     loads = [x for r in runs.values() for x in (r["loadavg_start"][0], (r.get("loadavg_end") or [None])[0])
              if x is not None]
     seconds = sum(r["eval_seconds"] or 0 for r in runs.values())
-    shared = [f"during {run}, {note}" for run, note in floors.get("shared", {}).items() if run in runs]
+    by_note: dict[str, list[str]] = {}  # runs that shared the cores the same way, named together
+    for run, note in floors.get("shared", {}).items():
+        if run in runs:
+            by_note.setdefault(note, []).append(run)
+    shared = [f"during {', '.join(names)}, {note}" for note, names in by_note.items()]
     if shared:
-        said.append("This session's own work shared the cores too: " + "; ".join(shared) + ".")
+        said.append("Our own work shared the cores too: " + "; ".join(shared) + ".")
     said.append(f"These {len(runs)} runs took {seconds / 60:.0f} min; other developers' tests shared the 2 cores "
                 f"(1-min load average {min(loads):.1f}–{max(loads):.1f} at their starts and ends, in each `meta.json`),"
                 " so their seconds are not speeds.")
