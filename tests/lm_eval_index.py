@@ -27,7 +27,7 @@ def install() -> None:
         return
     if MODULE in sys.modules:
         _patch(sys.modules[MODULE])
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+    elif not any(type(f).__name__ == "_PatchOnImport" for f in sys.meta_path):  # (sitecustomize's copy, or ours)
         sys.meta_path.insert(0, _PatchOnImport())
 
 

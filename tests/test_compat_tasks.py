@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from conftest import ROOT
+from test_compat import run_cli
 
 GEN = ["--gen_kwargs", "max_gen_toks=16"]
 
@@ -49,8 +50,7 @@ def test_new_run_reports_flips_equal_to_compare(compat_runs, tmp_path):
     root, stdout = compat_runs
     assert "nfr" in stdout and "btc" in stdout  # in lm-eval's own results table
     res = results(root / "new")
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "compare", str(root / "old"), str(root / "new"),
-                           "--json", str(tmp_path / "c.json")], capture_output=True, text=True, timeout=300)
+    proc = run_cli("compare", root / "old", root / "new", "--json", tmp_path / "c.json")
     # compat_samsum has no 0/1 metric: compare needs --similarity for it, so compare the others per file
     assert proc.returncode == 2 and "compat_samsum" in proc.stderr
     flips_seen = 0
@@ -58,8 +58,7 @@ def test_new_run_reports_flips_equal_to_compare(compat_runs, tmp_path):
         (old_f,) = (root / "old").rglob(f"samples_{task}_2*.jsonl")
         (new_f,) = (root / "new").rglob(f"samples_{task}_2*.jsonl")
         out = tmp_path / f"{task}.json"
-        proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "compare", str(old_f), str(new_f),
-                               "--json", str(out)], capture_output=True, text=True, timeout=300)
+        proc = run_cli("compare", old_f, new_f, "--json", out)
         assert proc.returncode == 0, proc.stderr[-2000:]
         ref = json.loads(out.read_text())["tasks"][task]
         for key in ("nfr", "pfr", "inconsistency_flips", "btc"):
