@@ -197,7 +197,7 @@ def floors_section(report: dict) -> list[str]:
     shared = [f"during {', '.join(names)}, {note}" for note, names in by_note.items()]
     if shared:
         said.append("Our own work shared the cores too: " + "; ".join(shared) + ".")
-    said.append(f"These {len(runs)} runs took {seconds / 60:.0f} min; other developers' tests shared the 2 cores "
+    said.append(f"These {len(runs)} runs took {seconds / 60:.0f} min; test runs and other work shared the 2 cores "
                 f"(1-min load average {min(loads):.1f}–{max(loads):.1f} at their starts and ends, in each `meta.json`),"
                 " so their seconds are not speeds.")
     return lines + [" ".join(said), ""]
