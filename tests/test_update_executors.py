@@ -303,3 +303,23 @@ def test_failed_jobs_end_the_command_with_their_names_and_status_1(tmp_path, mon
     assert capsys.readouterr().err.splitlines() == [
         "adaptguard update: 1 of 8 jobs failed (7 finished and stored; a re-run redoes only the others):",
         "  run_kd_x: ValueError: broke (log: out/logs/run_kd_x.log)"]
+
+
+def test_choosing_submitit_keeps_the_logging_handlers_of_the_process(tmp_path):
+    """submitit's import runs `logging.config.dictConfig`, which closes every handler of the process (a user's log
+    file; absl's handler then closes pytest's capture file, and every later test of the worker errors). Imported
+    through the executor, the handlers stay open and the user's SUBMITIT_LOG_LEVEL, if any, is theirs to set."""
+    import subprocess
+    import sys
+
+    code = f"""
+import logging, os
+handler = logging.FileHandler({str(tmp_path / 'user.log')!r})
+logging.getLogger("user").addHandler(handler)
+from adaptguard.update.executors import Runtime, SubmititExecutor
+SubmititExecutor(Runtime(1, {str(tmp_path / 'logs')!r}), workers=1, cpus=1, gpus=0, cluster="local")
+assert handler.stream is not None and not handler.stream.closed, "the user's log file was closed"
+assert "SUBMITIT_LOG_LEVEL" not in os.environ
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr

@@ -228,6 +228,22 @@ class RayExecutor:
             ray.shutdown()
 
 
+def import_submitit():
+    """submitit, imported without the `logging.config.dictConfig` its import runs, which closes every logging handler
+    of this process: a user's file handlers, and absl's, which closes the stream it holds (a log file, pytest's
+    capture file). Its records then reach the root logger like any library's. A SUBMITIT_LOG_LEVEL set by the user is
+    kept."""
+    if "submitit" not in sys.modules and "SUBMITIT_LOG_LEVEL" not in os.environ:
+        os.environ["SUBMITIT_LOG_LEVEL"] = "NOCONFIG"  # read once, at import
+        try:
+            import submitit
+        finally:
+            del os.environ["SUBMITIT_LOG_LEVEL"]
+    import submitit
+
+    return submitit
+
+
 class SubmititExecutor:
     """Each job a Slurm job submitted by submitit (partition, time limit, CPUs and GPUs per job), or with
     `cluster="local"` submitit's `LocalExecutor`: the same job as a subprocess of this machine."""
@@ -236,8 +252,7 @@ class SubmititExecutor:
 
     def __init__(self, runtime: Runtime, workers: int | None, cpus: int, gpus: int, cluster: str = "slurm",
                  partition: str | None = None, time_min: int = 60, extra: dict | None = None, poll_s: float = 1.0):
-        import submitit
-
+        submitit = import_submitit()
         self.runtime, self.gpus, self.cluster, self.partition = runtime, gpus, cluster, partition
         self.workers, self.poll_s = workers or 1_000_000, poll_s
         self._executor = submitit.AutoExecutor(folder=Path(runtime.logs) / "submitit", cluster=cluster)
