@@ -5,6 +5,7 @@ import pytest
 import torch
 from conftest import ROOT, launch_two_processes, make_adapter
 from datasets import Dataset
+from test_compat import run_cli
 from test_talr_trainer import ROWS, assert_updates_agree
 
 
@@ -236,9 +237,8 @@ def test_cache_with_full_vocabulary_equals_online_teacher(embedded_path, update,
     import json
 
     ROWS_FILE.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "cache-logits", "--old-model",
-                           str(update / "v1_task"), "--tokenizer", str(embedded_path), "--dataset", str(ROWS_FILE),
-                           "--out", str(cache), "--top-k", str(vocab)], capture_output=True, text=True, timeout=600)
+    proc = run_cli("cache-logits", "--old-model", update / "v1_task", "--tokenizer", embedded_path, "--dataset",
+                   ROWS_FILE, "--out", cache, "--top-k", vocab)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((cache / "cache.json").read_text())["rows"] == len(ROWS)
 

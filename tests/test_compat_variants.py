@@ -53,10 +53,12 @@ metadata:
 
 
 def lm_eval(model, tasks_dir, out, tasks, *extra, wrapper=False):
-    head = [sys.executable, "-m", "adaptguard.cli", "lm-eval"] if wrapper else [sys.executable, "-m", "lm_eval"]
-    cmd = [*head, "--model", "hf", "--model_args", f"pretrained={model}", "--tasks", tasks, "--include_path",
-           str(tasks_dir), "--device", "cpu", "--batch_size", "8", "--log_samples", "--output_path", str(out), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    """lm-eval's own CLI in a process, or (`wrapper`) `adaptguard lm-eval` through the in-process run_cli."""
+    args = ["--model", "hf", "--model_args", f"pretrained={model}", "--tasks", tasks, "--include_path", str(tasks_dir),
+            "--device", "cpu", "--batch_size", "8", "--log_samples", "--output_path", str(out), *extra]
+    if wrapper:
+        return run_cli("lm-eval", *args)
+    return subprocess.run([sys.executable, "-m", "lm_eval", *args], capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

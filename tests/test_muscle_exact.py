@@ -5,6 +5,7 @@ torch's gradcheck in float64; what is not reducible is refused."""
 
 import pytest
 import torch
+from test_compat import run_cli
 
 from adaptguard.muscle.exact import (
     check_reducible,
@@ -160,8 +161,6 @@ def test_the_exact_cache_gives_the_online_loss_and_is_refused_for_another_head_o
     loss with v1 online (float32 vectors, the default: 1e-5; bfloat16: 1e-3), m is stored in the dtype asked, and a
     cache built at another temperature or for another output layer is refused in one line."""
     import json
-    import subprocess
-    import sys
 
     from datasets import Dataset
     from safetensors import safe_open
@@ -181,10 +180,9 @@ def test_the_exact_cache_gives_the_online_loss_and_is_refused_for_another_head_o
     want = online.compute_loss(online.model, dict(batch)).item()
     for dtype, rel in (("float32", 1e-5), ("bfloat16", 1e-3)):
         cache = tmp_path / f"cache-{dtype}"
-        proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "cache-logits", "--kind", "vectors",
-                               "--old-model", str(update / "v1_task"), "--tokenizer", str(embedded_path),
-                               "--student-model", str(embedded_path), "--dataset", str(rows), "--out", str(cache),
-                               "--dtype", dtype], capture_output=True, text=True, timeout=600)
+        proc = run_cli("cache-logits", "--kind", "vectors", "--old-model", update / "v1_task", "--tokenizer",
+                       embedded_path, "--student-model", embedded_path, "--dataset", rows, "--out", cache, "--dtype",
+                       dtype)
         assert proc.returncode == 0, proc.stderr[-3000:]
         meta = json.loads((cache / "cache.json").read_text())
         assert meta["kind"] == "vectors" and meta["temperature"] == 2.0 and meta["rows"] == len(ROWS)

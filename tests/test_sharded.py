@@ -9,13 +9,12 @@ the CPU. The launched script therefore marks its gloo process group as a GPU one
 test is skipped where `deepspeed` is not installed (it is not a dependency; see docs/talr.md)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from conftest import ROOT, cpu_args, launch_two_processes
 from datasets import Dataset
+from test_compat import run_cli
 from test_compat_trainer import compat_args
 from test_talr_trainer import ROWS
 
@@ -194,9 +193,8 @@ def test_muscle_under_fsdp2_gives_the_big_batch_update(embedded_path, update, tm
     cache = tmp_path / "cache"
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "cache-logits", "--old-model", str(update / "v1_task"),
-                           "--tokenizer", str(embedded_path), "--dataset", str(rows), "--out", str(cache), "--top-k", "16"],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_cli("cache-logits", "--old-model", update / "v1_task", "--tokenizer", embedded_path, "--dataset", rows,
+                   "--out", cache, "--top-k", "16")
     assert proc.returncode == 0, proc.stderr[-3000:]
     variants = {"tiled": {}, "logits": {"loss_implementation": "logits"}, "cached": {"old_logits_cache": str(cache)}}
     out = tmp_path / "fsdp"

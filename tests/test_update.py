@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_compat import run_cli
 
 
 def test_update_pipeline_on_embedded_bases(tmp_path, tiny_v2_path):
@@ -182,8 +183,7 @@ def test_cli_seed_sweep_reports_the_spread_of_the_per_seed_runs(tmp_path, embedd
                                   "test": rows, "task_epochs": 1, "compat_epochs": 1, "batch_size": 4,
                                   "max_length": 64, "max_new_tokens": 4, "use_cpu": True}))
     out = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "update", str(config), "--seeds", "2", "--out",
-                           str(out)], capture_output=True, text=True, timeout=600)
+    proc = run_cli("update", config, "--seeds", "2", "--out", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "2 seeds, mean (min-max)" in proc.stdout
     result = json.loads((out / "seeds.json").read_text())
