@@ -36,6 +36,27 @@ def _own_inductor_cache() -> None:
 _own_inductor_cache()  # before any test imports torch
 
 
+def _lm_eval_index_once() -> None:
+    """lm-eval's index of its own tasks built once per session (`lm_eval_index.py`), here and in every subprocess.
+    The folder is made by the first process (pytest's) and removed when it ends; workers inherit it."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if "ADAPTGUARD_TEST_LM_EVAL_INDEX" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="adaptguard_tests_lm_eval_index_")
+        os.environ["ADAPTGUARD_TEST_LM_EVAL_INDEX"] = folder
+        atexit.register(shutil.rmtree, folder, True)
+        hooks = str(Path(__file__).resolve().parent / "subprocess_hooks")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (hooks, os.environ.get("PYTHONPATH")) if p)
+    import lm_eval_index  # beside this file (pytest puts the folder on sys.path)
+
+    lm_eval_index.install()
+
+
+_lm_eval_index_once()
+
+
 @pytest.fixture(scope="session")
 def embedded_path() -> Path:
     from adaptguard.models.embedded import embedded_model_path
