@@ -3,7 +3,6 @@ synthetic `--log_samples` runs, compared as a user would (`adaptguard compare`, 
 every output held to the decision the data support; the exact tests checked against scipy."""
 
 import json
-import math
 import re
 from pathlib import Path
 
@@ -105,19 +104,39 @@ def test_identical_reruns_at_the_edges_take_the_exact_test(tmp_path, capsys, n, 
 def test_the_replicate_test_holds_its_size_near_zero_flips():
     """200 items, 2 + 2 runs, a true NFR of exactly 2 %: the old runs right everywhere, the new model wrong on an item
     with probability 2 % — its two runs the same (a deterministic rerun), or each its own draw. `nfr>2%` must come
-    out clear at most α of the time (the run-level t-test alone: 9 % with deterministic reruns)."""
-    rng = np.random.default_rng(7)
-    sims = 2000
-    old = np.ones((2, 200), bool)
-    for rerun in ("deterministic", "independent"):
-        clear = 0
-        for _ in range(sims):
-            new = np.repeat(rng.random((1, 200)) >= 0.02, 2, 0) if rerun == "deterministic" else \
-                rng.random((2, 200)) >= 0.02
-            r = replicate_flips(old, new, level=0.9)
-            entry = {"n": 200, "old_acc": r["old_acc"], "new_acc": r["new_acc"], "replicates": r}
-            clear += p_beyond(entry, "nfr", 0.02, "<") < 0.05
-        assert clear / sims <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / sims), rerun
+    out clear at most α of the time (the run-level t-test alone: 9 % with deterministic reruns). Exact: every
+    statistic is a mean over items, so a draw's verdict depends only on how many items each pattern of wrong runs
+    has (checked on a shuffled draw); each count pattern of probability ≥ 1e-7 is evaluated once, and the mass left
+    out is counted as clear."""
+    from scipy.stats import multinomial
+
+    n, q = 200, 0.02
+    old = np.ones((2, n), bool)
+
+    def p_clear(new):
+        r = replicate_flips(old, new, level=0.9)
+        return p_beyond({"n": n, "old_acc": r["old_acc"], "new_acc": r["new_acc"], "replicates": r}, "nfr", 0.02, "<")
+
+    def new_runs(only_first, only_second, both):  # the items of each pattern first, then the right ones
+        new = np.ones((2, n), bool)
+        new[0, :only_first] = new[1, only_first:only_first + only_second] = False
+        new[:, only_first + only_second:only_first + only_second + both] = False
+        return new
+
+    drawn = np.random.default_rng(7).random((2, n)) >= 0.1
+    counts = [int((~drawn[0] & drawn[1]).sum()), int((drawn[0] & ~drawn[1]).sum()), int((~drawn).all(0).sum())]
+    assert p_clear(drawn) == pytest.approx(p_clear(new_runs(*counts)), rel=1e-12)
+
+    deterministic = [(binom.pmf(k, n, q), new_runs(0, 0, k)) for k in range(n + 1) if binom.pmf(k, n, q) >= 1e-7]
+    cell = [(1 - q) ** 2, q * (1 - q), (1 - q) * q, q * q]  # right in both runs, wrong in the first, second, both
+    independent = [(multinomial.pmf([n - a - b - c, a, b, c], n, cell), new_runs(a, b, c))
+                   for a in range(30) for b in range(30) for c in range(6)
+                   if multinomial.pmf([n - a - b - c, a, b, c], n, cell) >= 1e-7]
+    for rerun, cases in (("deterministic", deterministic), ("independent", independent)):
+        left_out = 1 - sum(p for p, _ in cases)
+        assert left_out < 1e-4, rerun
+        size = sum(p for p, new in cases if p_clear(new) < 0.05) + left_out
+        assert size <= 0.05, (rerun, size)
 
 
 # ------------------------------------------------------------------------- 2. loglikelihood tasks are never churn
