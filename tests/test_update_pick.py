@@ -2,6 +2,7 @@
 registered rule at matched accuracy (recomputed here from the stored per-item scores), no test item read before the
 pick, resuming after a kill, the shipped adapter, and bad input refused before anything is written."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -390,3 +391,36 @@ def test_default_candidates_follow_e5(tmp_path):
                 for recipe, fields in ((s.recipe, extra), (arm_of[s.recipe], {"temperature": 2.0,
                                                                                **ARMS[arm_of[s.recipe]]}))))
             assert default == e3, s.recipe
+
+
+def test_a_quantized_new_base_is_quantized_once_per_run_and_read_back_bit_for_bit(tmp_path, monkeypatch):
+    """The run keeps its bitsandbytes new base quantized once; every later load reads that copy (quantizing is
+    refused here to show it) and gives the weights and logits of a base quantized anew."""
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        pytest.skip("the quantized update needs the [quant] extra")
+    import torch
+
+    from adaptguard.models import loading
+    from adaptguard.update import UpdateConfig
+    from adaptguard.update.steps import load_new_base, new_base_copy, resolved, store_new_base
+
+    rows = toy_config(tmp_path).test
+    cfg = UpdateConfig(old_base="embedded:tiny", new_base={"quantization": {
+        "library": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}},
+        train=rows[:4], test=rows[4:8], output_dir=str(tmp_path / "q"), use_cpu=True)
+    cfg = resolved(cfg)
+    fresh = load_new_base(cfg)  # no copy yet: quantized as transformers loads it
+    store_new_base(cfg)
+    folder, key = new_base_copy(cfg)
+    assert json.loads((folder / "done.json").read_text()) == key and list(folder.glob("*.safetensors"))
+    monkeypatch.setattr(loading, "quantization_config", lambda spec: pytest.fail("quantized again"))
+    stored = load_new_base(cfg)
+    assert type(stored.model.layers[0].mlp.down_proj).__name__ == "Linear4bit"
+    a, b = fresh.state_dict(), stored.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ids = torch.randint(0, fresh.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, stored(ids).logits)
+    assert new_base_copy(dataclasses.replace(cfg, new_base="embedded:tiny-v2")) is None  # not quantized: no copy

@@ -55,19 +55,20 @@ def quantization_config(spec: dict):
     return cls(**fields)
 
 
-def load_causal_lm(path: str, quantization: dict | None = None, *, use_cpu: bool = False):
-    """`AutoModelForCausalLM` from `path`, quantized by `quantization` when given (placed on the CPU when `use_cpu` or
-    no GPU is present, else on the current GPU, as QLoRA scripts place it)."""
+def load_causal_lm(path: str, quantization: dict | None = None, *, use_cpu: bool = False, prequantized: bool = False):
+    """`AutoModelForCausalLM` from `path`, quantized by `quantization` when given, or as saved quantized
+    (`prequantized`: its config.json says how); a quantized model is placed on the CPU when `use_cpu` or no GPU is
+    present, else on the current GPU, as QLoRA scripts place it."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    if quantization is None:
+    if quantization is None and not prequantized:
         return AutoModelForCausalLM.from_pretrained(path)
     from ..utils.quiet import note_4bit_kernel
 
     device_map = "cpu" if use_cpu or not torch.cuda.is_available() else {"": torch.cuda.current_device()}
-    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quantization_config(quantization),
-                                                 device_map=device_map)
-    if quantization["library"] == "bitsandbytes":
-        note_4bit_kernel()
+    extra = {} if quantization is None else {"quantization_config": quantization_config(quantization)}
+    model = AutoModelForCausalLM.from_pretrained(path, device_map=device_map, **extra)
+    if prequantized or quantization["library"] == "bitsandbytes":
+        note_4bit_kernel()  # (says something only where bitsandbytes' kernel warning was hidden)
     return model

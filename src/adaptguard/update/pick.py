@@ -107,9 +107,10 @@ class Pick:
 
     # -- models -------------------------------------------------------------------------------------------------
     def prepare(self) -> None:
-        from .steps import task_adapters
+        from .steps import store_new_base, task_adapters
 
         self.out.mkdir(parents=True, exist_ok=True)
+        store_new_base(self.cfg)
         self.v1_adapter, self.v2_adapter = task_adapters(self.cfg, self.rows["train"], self.out, self.tok_old,
                                                          self.tok_new)
 
@@ -132,15 +133,15 @@ class Pick:
         from datasets import Dataset
         from trl import SFTConfig
 
-        from ..models.loading import load_causal_lm
         from ..muscle.exact import check_reducible
         from ..muscle.heads import output_head
         from ..muscle.logit_cache import cache_logits_for_training, head_fingerprint
+        from .steps import load_new_base
 
         cfg = self.cfg
         if cfg.extra_args.get("packing") or cfg.extra_args.get("padding_free"):
             return None
-        head = output_head(load_causal_lm(cfg.new_base_path, cfg.new_quantization, use_cpu=cfg.use_cpu))
+        head = output_head(load_new_base(cfg))
         head = head._replace(weight=head.weight.detach(), bias=None if head.bias is None else head.bias.detach())
         if check_reducible(head):
             return None
