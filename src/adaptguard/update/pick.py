@@ -32,14 +32,10 @@ from transformers import TrainerCallback
 
 from ..utils.files import atomic_write_text, finished_dir
 from ..utils.generation import exact_match, generate_answers
-from ..utils.store import Store
+from ..utils.store import Store, digest
 from .candidates import Setting, expand_candidates, pick_setting
 from .config import UpdateConfig
 from .executors import InProcess, Runtime, describe, job_resources, make_executor, makespan, run_jobs
-
-
-def _digest(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 class SaveAtEpochs(TrainerCallback):
@@ -65,8 +61,8 @@ def _adapter_identity(adapter: Path | str | None):
     if marker.exists():
         return json.loads(marker.read_text())
     weights = sorted(path.glob("adapter_model*"))
-    digest = hashlib.sha256(b"".join(w.read_bytes() for w in weights)).hexdigest()[:16] if weights else None
-    return {"path": str(adapter), "weights": digest}
+    weights_hash = hashlib.sha256(b"".join(w.read_bytes() for w in weights)).hexdigest()[:16] if weights else None
+    return {"path": str(adapter), "weights": weights_hash}
 
 
 class _StepTimer(TrainerCallback):
@@ -147,9 +143,9 @@ class Pick:
             return None
         sft_fields = {f.name for f in dataclasses.fields(SFTConfig)}
         key = {"v1": [cfg.old_base, cfg.old_model if cfg.old_is_full_model else None, _adapter_identity(self.v1_adapter)],
-               "train": _digest(self.rows["train"]), "head": head_fingerprint(head), "temperature": cfg.temperature,
+               "train": digest(self.rows["train"]), "head": head_fingerprint(head), "temperature": cfg.temperature,
                "max_length": cfg.max_length, "extra_args": cfg.extra_args}
-        step = self.store.get(f"v1_vectors_{_digest(key)}", key, lambda tmp: cache_logits_for_training(
+        step = self.store.get(f"v1_vectors_{digest(key)}", key, lambda tmp: cache_logits_for_training(
             self.v1(), self.tok_new, Dataset.from_list(self.rows["train"]), tmp / "cache", max_length=cfg.max_length,
             student_head=head, temperature=cfg.temperature, dtype=torch.float32,
             sft_kwargs={k: v for k, v in cfg.extra_args.items() if k in sft_fields}))
@@ -170,9 +166,9 @@ class Pick:
     # -- steps ----------------------------------------------------------------------------------------------------
     def score_step(self, name: str, identity, split: str) -> tuple[str, dict]:
         """(folder name, settings) of the stored scores of a model (`identity`: what made it) on a split."""
-        settings = {"split": split, "rows": _digest(self.rows[split]), "max_new_tokens": self.cfg.max_new_tokens,
+        settings = {"split": split, "rows": digest(self.rows[split]), "max_new_tokens": self.cfg.max_new_tokens,
                     "model": name, "identity": identity}
-        return f"score_{split}_{_digest(settings)}", settings
+        return f"score_{split}_{digest(settings)}", settings
 
     def scores(self, name: str, identity, split: str, model_fn, tokenizer=None) -> dict:
         """{"correct": [...], "pred": [...]} of a model (`identity`: what made it) on a split, stored."""
@@ -193,7 +189,7 @@ class Pick:
     def run_key(self, setting: Setting, seed: int) -> dict:
         cfg = self.cfg
         return {"recipe": setting.recipe, "learning_rate": setting.learning_rate, "fields": dict(setting.fields),
-                "epochs": max(s.epochs for s in self.settings), "seed": seed, "train": _digest(self.rows["train"]),
+                "epochs": max(s.epochs for s in self.settings), "seed": seed, "train": digest(self.rows["train"]),
                 "v2_adapter": _adapter_identity(self.v2_adapter), "new_base": cfg.new_base, "old_base": cfg.old_base,
                 "v1_adapter": _adapter_identity(self.v1_adapter),  # the teacher of every distilling recipe
                 **{k: getattr(cfg, k) for k in ("lora_r", "lora_alpha", "batch_size", "max_length", "temperature",
@@ -204,7 +200,7 @@ class Pick:
     def run_step(self, setting: Setting, seed: int) -> tuple[str, dict]:
         """(folder name, run key) of one training run."""
         key = self.run_key(setting, seed)
-        return f"run_{setting.recipe}_{_digest(key)}", key
+        return f"run_{setting.recipe}_{digest(key)}", key
 
     def train_run(self, setting: Setting, seed: int) -> Path:
         """One training run of `setting`'s recipe, learning rate and fields: adapters after each grid epoch (in this
@@ -370,7 +366,7 @@ class Pick:
         for setting in self.settings:
             for seed in self.dev_seeds():
                 key = self.run_key(setting, seed)
-                name = f"run_{setting.recipe}_{_digest(key)}"
+                name = f"run_{setting.recipe}_{digest(key)}"
                 if name not in seen and self.store.find(name, key) is None:
                     pending += 1
                 seen.add(name)
@@ -597,7 +593,7 @@ def worker_pick(job: TrainJob | ScoreJob) -> Pick:
     """The `Pick` of a job's run in a worker: built from the job's config and grid (tokenizers, rows), with the task
     adapters the driver prepared (nothing is trained here but the job)."""
     global _worker
-    ident = _digest([dataclasses.asdict(job.cfg), job.settings, job.adapters])
+    ident = digest([dataclasses.asdict(job.cfg), job.settings, job.adapters])
     if _worker is None or _worker[0] != ident:
         import datasets
         import transformers

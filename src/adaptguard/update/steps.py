@@ -7,7 +7,6 @@ train and stored), the models they make (`v1_task_model`, `load_new_base`), wher
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -93,9 +92,10 @@ def new_base_copy(cfg: UpdateConfig) -> tuple[Path, dict] | None:
     quantization = cfg.new_quantization
     if quantization is None or quantization["library"] != "bitsandbytes":
         return None
+    from ..utils.store import digest
+
     key = {"base": cfg.new_base_path, "quantization": quantization}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(cfg.output_dir) / "steps" / f"v2_base_{digest}", key
+    return Path(cfg.output_dir) / "steps" / f"v2_base_{digest(key)}", key
 
 
 def store_new_base(cfg: UpdateConfig) -> None:

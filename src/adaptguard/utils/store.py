@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
 
 from .files import finished_dir
+
+
+def digest(value) -> str:
+    """12 hex digits of the SHA-256 of `value` as JSON: the name of a stored step made with these settings."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 class Store:
