@@ -6,9 +6,9 @@ CLI with `--log_samples`."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from in_process import run_lm_eval_cli
 
 ANTONYMS = [("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("open", "closed"),
             ("light", "dark"), ("old", "new"), ("early", "late"), ("full", "empty"), ("happy", "sad"),
@@ -108,10 +108,10 @@ def finetune_new_model(embedded_path: Path, out: Path) -> Path:
 
 
 def run_lm_eval(model: Path, tasks: Path, output: Path, *extra: str) -> None:
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={model}",
+    cmd = ["--model", "hf", "--model_args", f"pretrained={model}",
            "--tasks", "t_piqa,t_gsm", "--include_path", str(tasks), "--device", "cpu", "--batch_size", "8",
            "--log_samples", "--output_path", str(output), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = run_lm_eval_cli(*cmd)
     if proc.returncode != 0:
         raise RuntimeError(f"lm_eval failed:\n{proc.stderr[-3000:]}")
 

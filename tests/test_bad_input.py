@@ -5,7 +5,7 @@ paths, file-system errors and unsupported figure types. No traceback for a user'
 import json
 
 import pytest
-from test_compat import run_cli
+from in_process import run_cli
 
 
 @pytest.mark.parametrize("field, value", [("l2_lambda", float("nan")), ("kl_beta", float("nan")),

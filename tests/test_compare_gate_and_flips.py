@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from test_compat import independent_flips, run_cli
+from in_process import run_cli
+from test_compat import independent_flips
 
 from adaptguard.compat.decide import p_beyond
 from adaptguard.compat.gate import GateError, Threshold, check_gate

@@ -1,11 +1,10 @@
 import json
 import math
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from in_process import run_cli
 
 from adaptguard.compat.metrics import (
     bootstrap_rate_ci,
@@ -128,43 +127,6 @@ def independent_flips(old_file, new_file, metric):
     differ = np.array([pred(old[i]) != pred(new[i]) for i in ids])
     return {"nfr": (o & ~n).mean(), "pfr": (~o & n).mean(), "inconsistency_flips": (~n & differ).mean(),
             "btc": (o & n).sum() / o.sum(), "old_acc": o.mean(), "new_acc": n.mean(), "n": len(ids)}
-
-
-def run_cli(*args, cwd=None):
-    """`adaptguard ARGS` (in the folder `cwd`) run by the CLI's own `main` in this process (what the console script and `python -m
-    adaptguard.cli` call; the process itself is tested in test_cli_help), as a finished process: `returncode`,
-    `stdout`, `stderr`. What the process would print is captured as it would show: warnings under Python's default
-    filters (pytest would otherwise record them out of sight) and the log lines of handlers bound to the real
-    stderr. A crash raises here rather than printing a traceback; an argparse refusal exits 2 as it does."""
-    import contextlib
-    import io
-    import logging
-    import warnings
-
-    from adaptguard.cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    handlers = [h for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-                for h in getattr(logger, "handlers", []) if isinstance(h, logging.StreamHandler)
-                and "stream" in vars(h) and h.stream in (sys.__stderr__, sys.stderr)]  # (logging's last resort: no)
-    streams = [h.setStream(err) for h in handlers]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                contextlib.chdir(cwd or "."), warnings.catch_warnings(record=True) as caught:
-            warnings.resetwarnings()  # Python's own default filters, as a fresh `adaptguard` process has them
-            warnings.simplefilter("default")
-            for category in (ResourceWarning, ImportWarning, PendingDeprecationWarning, DeprecationWarning):
-                warnings.simplefilter("ignore", category)  # each goes first: the list ends as Python's does
-            warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
-            try:
-                code = main([str(a) for a in args])
-            except SystemExit as exit_:
-                code = exit_.code if isinstance(exit_.code, int) else 2
-    finally:
-        for handler, stream in zip(handlers, streams):
-            handler.setStream(stream)
-    shown = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
-    return subprocess.CompletedProcess(["adaptguard", *map(str, args)], code, out.getvalue(), err.getvalue() + shown)
 
 
 def test_compare_cli_end_to_end(lm_runs, tmp_path):

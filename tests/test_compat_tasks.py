@@ -7,7 +7,7 @@ import sys
 
 import pytest
 from conftest import ROOT
-from test_compat import run_cli
+from in_process import run_cli
 
 GEN = ["--gen_kwargs", "max_gen_toks=16"]
 

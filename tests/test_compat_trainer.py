@@ -1,11 +1,9 @@
-import subprocess
-import sys
 
 import pytest
 import torch
 from conftest import ROOT, launch_two_processes, make_adapter
 from datasets import Dataset
-from test_compat import run_cli
+from in_process import run_cli, run_script
 from test_talr_trainer import ROWS, assert_updates_agree
 
 
@@ -289,12 +287,10 @@ def test_topk_cache_approximates_and_fingerprints_are_checked(embedded_path, upd
 
 def test_example_script(embedded_path, update, tmp_path):
     out = tmp_path / "ex"
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "muscle_update.py"), "--model_name_or_path",
-                           str(embedded_path), "--new_adapter", str(update / "v2_adapter"), "--old_model",
-                           str(update / "v1_task"), "--dataset_name", "data:domain", "--max_steps", "2",
-                           "--per_device_train_batch_size", "4", "--bf16", "False", "--use_cpu", "--report_to", "none",
-                           "--output_dir", str(out), "--mask", "old_likelier_token"],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_script(ROOT / "examples" / "muscle_update.py", "--model_name_or_path", embedded_path, "--new_adapter",
+                      update / "v2_adapter", "--old_model", update / "v1_task", "--dataset_name", "data:domain",
+                      "--max_steps", "2", "--per_device_train_batch_size", "4", "--bf16", "False", "--use_cpu",
+                      "--report_to", "none", "--output_dir", out, "--mask", "old_likelier_token")
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 

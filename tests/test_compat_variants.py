@@ -4,12 +4,10 @@ tiny models; the in-harness flips must equal `adaptguard compare` on the same tw
 import json
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
+from in_process import run_cli, run_lm_eval_cli
 from lm_eval_runs import samples_file
-from test_compat import run_cli
 from test_compat_tasks import results
 
 from adaptguard.compat.compare import compare_runs
@@ -53,12 +51,12 @@ metadata:
 
 
 def lm_eval(model, tasks_dir, out, tasks, *extra, wrapper=False):
-    """lm-eval's own CLI in a process, or (`wrapper`) `adaptguard lm-eval` through the in-process run_cli."""
+    """lm-eval's own CLI, or (`wrapper`) `adaptguard lm-eval` through the in-process run_cli."""
     args = ["--model", "hf", "--model_args", f"pretrained={model}", "--tasks", tasks, "--include_path", str(tasks_dir),
             "--device", "cpu", "--batch_size", "8", "--log_samples", "--output_path", str(out), *extra]
     if wrapper:
         return run_cli("lm-eval", *args)
-    return subprocess.run([sys.executable, "-m", "lm_eval", *args], capture_output=True, text=True, timeout=600)
+    return run_lm_eval_cli(*args)
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 from collections import Counter
 from math import ceil
 from pathlib import Path
 
 import pytest
+from in_process import run_lm_eval_cli
 
 from adaptguard.tasks import compose
 
@@ -373,10 +372,10 @@ def test_readme_example_prompt_is_current():
 
 def test_lm_eval_cli_end_to_end(tmp_path, embedded_path):
     tasks = ["compose_logic_ab_composite", "compose_logic_gh_composite_icl"]
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={embedded_path}",
+    cmd = ["--model", "hf", "--model_args", f"pretrained={embedded_path}",
            "--tasks", ",".join(tasks), "--include_path", str(TASK_DIR), "--device", "cpu", "--batch_size", "8",
            "--limit", "3", "--log_samples", "--output_path", str(tmp_path), "--metadata", '{"seed": 1, "k": 4}']
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    proc = run_lm_eval_cli(*cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (results_file,) = tmp_path.rglob("results_*.json")
     results = json.loads(results_file.read_text())["results"]

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jiwer
 import pytest
+from in_process import run_lm_eval_cli
 
 from adaptguard.tasks import translation as T
 from adaptguard.tasks.translation import NP, Clause
@@ -308,10 +307,10 @@ def test_task_index_lists_the_eight_tasks_and_the_group():
 def test_lm_eval_cli_end_to_end(tmp_path, embedded_path):
     settings = {"compose_translation_t1_composite": ("t1", "composite"), "compose_translation_t2_simple1": ("t2", "simple1")}
     tasks = list(settings)
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={embedded_path}",
+    cmd = ["--model", "hf", "--model_args", f"pretrained={embedded_path}",
            "--tasks", ",".join(tasks), "--include_path", str(TASK_DIR), "--device", "cpu", "--batch_size", "8",
            "--limit", "3", "--log_samples", "--output_path", str(tmp_path)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    proc = run_lm_eval_cli(*cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (results,) = tmp_path.rglob("results_*.json")
     res = json.loads(results.read_text())["results"]

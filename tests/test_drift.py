@@ -3,13 +3,12 @@ Table C2 prompt styles, atomic dataset writing and the drift_bsc_* lm-eval tasks
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from datasets import Dataset, load_from_disk
+from in_process import run_lm_eval_cli
 
 from adaptguard import drift
 from adaptguard.drift import data as drift_data
@@ -339,11 +338,11 @@ def test_write_dataset_jsonl_and_directory(tmp_path):
 # --- lm-eval tasks through the real CLI -----------------------------------------------------
 
 def test_drift_bsc_tasks_lm_eval_cli(embedded_path, tmp_path):
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={embedded_path}",
+    cmd = ["--model", "hf", "--model_args", f"pretrained={embedded_path}",
            "--tasks", "drift_bsc_next_bit,drift_bsc_samples", "--include_path", str(TASKS), "--device", "cpu",
            "--batch_size", "8", "--limit", "5", "--metadata", json.dumps({"seed": 3, "length": 16}),
            "--log_samples", "--output_path", str(tmp_path)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    proc = run_lm_eval_cli(*cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (results_file,) = tmp_path.rglob("results_*.json")
     results = json.loads(results_file.read_text())["results"]

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 from conftest import ROOT
+from in_process import run_cli, run_script
 
 
 def test_tokenizer_is_deterministic_and_round_trips():
@@ -208,8 +209,7 @@ def test_exact_match_score():
 
 def test_cli_demo_quick(tmp_path, embedded_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "adaptguard.cli", "demo", "--quick", "--seeds", "2", "--out",
-                           str(out)], capture_output=True, text=True, timeout=600)
+    proc = run_cli("demo", "--quick", "--seeds", "2", "--out", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert {r["method"] for r in report["runs"]} == {"SFT", "TALR"}
@@ -301,11 +301,9 @@ def test_benchmark_script_runs_small():
 
 def test_example_script_offline(tmp_path, embedded_path):
     out = tmp_path / "ex"
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "sft_talr.py"), "--model_name_or_path",
-                           str(embedded_path), "--dataset_name", "data:domain", "--max_steps", "3",
-                           "--per_device_train_batch_size", "4", "--bf16", "False", "--use_cpu", "--report_to",
-                           "none", "--output_dir", str(out), "--talr_tau", "0.5"],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_script(ROOT / "examples" / "sft_talr.py", "--model_name_or_path", embedded_path, "--dataset_name",
+                      "data:domain", "--max_steps", "3", "--per_device_train_batch_size", "4", "--bf16", "False",
+                      "--use_cpu", "--report_to", "none", "--output_dir", out, "--talr_tau", "0.5")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "model.safetensors").exists()
     args = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
@@ -314,9 +312,8 @@ def test_example_script_offline(tmp_path, embedded_path):
 
 def test_example_refuses_the_old_dataset_name(tmp_path, embedded_path):
     """`embedded:` names models only: the demo's domain set is `data:domain`, and the old name says so in one line."""
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "sft_talr.py"), "--model_name_or_path",
-                           str(embedded_path), "--dataset_name", "embedded:domain", "--use_cpu", "--report_to", "none",
-                           "--output_dir", str(tmp_path / "ex")], capture_output=True, text=True, timeout=600)
+    proc = run_script(ROOT / "examples" / "sft_talr.py", "--model_name_or_path", embedded_path, "--dataset_name",
+                      "embedded:domain", "--use_cpu", "--report_to", "none", "--output_dir", tmp_path / "ex")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == "--dataset_name: 'embedded:domain' is now 'data:domain'"
     assert not (tmp_path / "ex").exists()

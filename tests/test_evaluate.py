@@ -5,11 +5,10 @@ set by hand (all right, or all wrong), so every decision below is far from any f
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from in_process import run_lm_eval_cli
 
 from adaptguard.cli.main import main
 
@@ -45,10 +44,9 @@ metric_list:
 metadata:
   version: 1.0
 """)
-    proc = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-                           f"pretrained={embedded_path}", "--tasks", "t_mc", "--include_path", str(tasks), "--device",
-                           "cpu", "--batch_size", "32", "--log_samples", "--output_path", str(root / "run")],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_lm_eval_cli("--model", "hf", "--model_args", f"pretrained={embedded_path}", "--tasks", "t_mc",
+                           "--include_path", tasks, "--device", "cpu", "--batch_size", "32", "--log_samples",
+                           "--output_path", root / "run")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (samples,) = (root / "run").rglob("samples_t_mc_*.jsonl")
     (results,) = (root / "run").rglob("results_*.json")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_compat import run_cli
+from in_process import run_cli
 
 PAIRS = [("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("open", "closed"), ("light", "dark"),
          ("old", "new"), ("early", "late"), ("full", "empty"), ("happy", "sad")]

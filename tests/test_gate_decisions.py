@@ -310,7 +310,7 @@ def _runs(root, answers: dict, ts="2026-11-27T00-00-00.000000", n_choices=4):
 
 
 def _cli(*args):
-    from test_compat import run_cli
+    from in_process import run_cli
 
     return run_cli(*args)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from in_process import run_lm_eval_cli
 from scipy.stats import binom
 
 from adaptguard.cli.main import main
@@ -422,9 +423,6 @@ metadata:
 def test_outputs_agree_on_a_loglikelihood_task_run_through_lm_eval(tmp_path, capsys, embedded_path, tiny_v2_path):
     """A lambada-style task (one [log-likelihood, is_greedy] per document) evaluated by lm-eval on the embedded model
     and its update: no chance level, never churn, its flips gated; every output says what the exit code says."""
-    import subprocess
-    import sys
-
     from lm_eval_runs import ANTONYMS
 
     tasks = tmp_path / "tasks"
@@ -433,10 +431,9 @@ def test_outputs_agree_on_a_loglikelihood_task_run_through_lm_eval(tmp_path, cap
     (tasks / "lambada.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tasks / "t_lambada.yaml").write_text(LAMBADA_YAML.format(data=tasks / "lambada.jsonl"))
     for side, model in (("old", embedded_path), ("new", tiny_v2_path)):
-        proc = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={model}",
-                               "--tasks", "t_lambada", "--include_path", str(tasks), "--device", "cpu",
-                               "--batch_size", "8", "--log_samples", "--output_path", str(tmp_path / side)],
-                              capture_output=True, text=True, timeout=600)
+        proc = run_lm_eval_cli("--model", "hf", "--model_args", f"pretrained={model}", "--tasks", "t_lambada",
+                               "--include_path", tasks, "--device", "cpu", "--batch_size", "8", "--log_samples",
+                               "--output_path", tmp_path / side)
         assert proc.returncode == 0, proc.stderr[-3000:]
     for exprs in (["--fail-on", "nfr>2%"], ["--fail-on", "nfr>90%", "--fail-on", "acc_drop>50%"]):
         code = compare_all(capsys, tmp_path, tmp_path / "old", tmp_path / "new", *exprs)

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from test_compat import run_cli
+from in_process import run_cli
 
 TS = "2026-11-27T00-00-00.000000"
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -5,7 +5,7 @@ torch's gradcheck in float64; what is not reducible is refused."""
 
 import pytest
 import torch
-from test_compat import run_cli
+from in_process import run_cli
 
 from adaptguard.muscle.exact import (
     check_reducible,

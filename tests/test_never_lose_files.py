@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 from datasets import Dataset, load_from_disk
-from test_compat import run_cli
+from in_process import run_cli
 
 from adaptguard.muscle.logit_cache import build_logit_cache, is_logit_cache
 from adaptguard.utils.files import check_replaceable, is_saved_dataset, write_dataset

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_compat import run_cli
+from in_process import run_cli
 
 from adaptguard.compat.replicates import (
     above_chance_p,

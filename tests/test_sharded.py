@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import ROOT, cpu_args, launch_two_processes
 from datasets import Dataset
-from test_compat import run_cli
+from in_process import run_cli
 from test_compat_trainer import compat_args
 from test_talr_trainer import ROWS
 

@@ -35,7 +35,7 @@ def test_seed_list_and_machine_info():
 
 @pytest.mark.parametrize("command", [["demo"], ["drift", "experiment"], ["update", "--preset", "tiny"]])
 def test_cli_bad_seeds_exit_2_and_write_nothing(tmp_path, command):
-    from test_compat import run_cli
+    from in_process import run_cli
 
     out = tmp_path / "out"
     proc = run_cli(*command, "--seeds", "0", "--out", out)

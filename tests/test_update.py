@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_compat import run_cli
+from in_process import run_cli
 
 
 def test_update_pipeline_on_embedded_bases(tmp_path, tiny_v2_path):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_compat import run_cli  # the CLI's main in this process; its output as a process shows it
+from in_process import run_cli  # the CLI's main in this process; its output as a process shows it
 
 CONTROL_ONLY = [{"recipe": "control", "learning_rate": [2e-3], "epochs": [1]}]
 

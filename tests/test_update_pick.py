@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_compat import run_cli
+from in_process import run_cli
 
 CANDIDATES = [{"recipe": "control", "learning_rate": [2e-3], "epochs": [1, 2]},
               {"recipe": "focal", "learning_rate": [2e-3], "epochs": [1, 2], "distill_weight": [1.0]},
