@@ -290,9 +290,15 @@ def test_cli_unknown_embedded_name_exit_2():
 
 
 def test_benchmark_script_runs_small():
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_talr.py"), "--steps", "2", "--vocab",
-                           "512", "--seq", "32", "--batch", "2", "--hidden", "32", "--layers", "1",
-                           "--memory-repeats", "1"], capture_output=True, text=True, timeout=600)
+    """The script in this process (its memory children are processes of their own, as it starts them)."""
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()  # the script quiets transformers for its whole process
+    try:
+        proc = run_script(ROOT / "benchmarks" / "bench_talr.py", "--steps", "2", "--vocab", "512", "--seq", "32",
+                          "--batch", "2", "--hidden", "32", "--layers", "1", "--memory-repeats", "1")
+    finally:
+        transformers_logging.set_verbosity(verbosity)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # the result lines only: an installed library may log to stdout on import (DeepSpeed does)
     values = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if re.match(r"[a-z_0-9.]+: ", line))
