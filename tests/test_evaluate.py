@@ -156,3 +156,49 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, embedded_path, tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+def samples_of(out):
+    (samples,) = Path(out).glob("samples_t_mc_*.jsonl")
+    return [json.loads(x) for x in samples.read_text().splitlines()]
+
+
+def test_a_kill_between_the_first_samples_and_the_record_resumes(runs, embedded_path, tmp_path, capsys, monkeypatch):
+    """Killed after the first chunk's samples are written but before the record counts them: a rerun with the same
+    settings resumes from those samples (nothing evaluated twice) and ends as an uninterrupted run does. A folder
+    holding other files is still refused, in one line."""
+    import lm_eval
+
+    from adaptguard.compat import until_decided
+
+    real_write, real_evaluate, calls = until_decided._write_samples, lm_eval.simple_evaluate, []
+
+    def killed_after_the_samples(*args):
+        real_write(*args)
+        raise KeyboardInterrupt
+
+    def counted(*args, **kwargs):
+        calls.append(sorted(kwargs["samples"]["t_mc"]))
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(until_decided, "_write_samples", killed_after_the_samples)
+    assert evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%") == 130
+    assert len(samples_of(tmp_path / "out")) == 40
+    monkeypatch.setattr(until_decided, "_write_samples", real_write)
+    monkeypatch.setattr(lm_eval, "simple_evaluate", counted)
+    assert evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%") == 3, capsys.readouterr().err
+    t = record(tmp_path / "out")
+    assert calls == [sorted(t["order"][40:80]), sorted(t["order"][80:])]  # the first chunk not evaluated again
+    monkeypatch.setattr(lm_eval, "simple_evaluate", real_evaluate)
+    assert evaluate(runs, embedded_path, tmp_path / "whole", "right", "pfr>0.5%") == 3
+    assert t == record(tmp_path / "whole")
+    resumed, whole = samples_of(tmp_path / "out"), samples_of(tmp_path / "whole")
+    assert len({s["doc_id"] for s in resumed}) == len(resumed) == N
+    assert {s["doc_id"]: s["acc"] for s in resumed} == {s["doc_id"]: s["acc"] for s in whole}
+    assert compare_decisions(capsys, runs / "right", tmp_path / "out", "pfr>0.5%") == t["decisions"]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine\n")
+    assert evaluate(runs, embedded_path, tmp_path / "other", "right", "pfr>0.5%") == 2
+    err = capsys.readouterr().err
+    assert "is a non-empty folder that is not an evaluate run" in err and len(err.strip().splitlines()) == 1, err
+

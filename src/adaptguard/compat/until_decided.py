@@ -6,7 +6,8 @@ anytime-valid tests of `decide` (e-processes: valid however often one looks), a 
 thresholds is decided, the run when every task has stopped or run out of documents. The output folder is an
 ordinary lm-eval `--log_samples` run (the samples evaluated so far) plus the record (`sequential.RECORD`) of the order
 and the looks: `compare BASELINE OUT` reads it and takes the same decisions, and a rerun resumes where a kill left it
-(the samples are written before the record, each file atomically)."""
+(the record is written before the first samples and again after each chunk's samples, each file atomically: the
+samples written are the truth when it resumes)."""
 
 from __future__ import annotations
 
@@ -119,13 +120,19 @@ def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds
             "%Y-%m-%dT%H-%M-%S.%f"), "configs": {}, "tasks": {
             task: {"order": task_order([d for _, d in base[task].samples], seed, task), "done": 0, "looks": [],
                    "status": "running"} for task in names}}
-    out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+        # before any samples: a kill after the first chunk's samples leaves a record (its stamp and order) to resume
+        atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")
     stamp = record["stamp"]
+    results_file = out / f"results_{stamp}.json"
+    if results_file.exists():  # resume: a chunk's config is written before its samples, the record after them
+        record["configs"] = {**json.loads(results_file.read_text()).get("configs", {}), **record["configs"]}
     for task, t in record["tasks"].items():  # resume: the samples written are the truth (written before the record)
         done = len(_read_samples(out, task, stamp))
         if done != t["done"]:
             t["done"] = done
             t["looks"] = [n for n in t["looks"] if n < done] + [done]
+            atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")  # what compare reads below
     gate, seen = None, set()
     while True:
         if any(t["done"] for t in record["tasks"].values()):
@@ -151,12 +158,11 @@ def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds
             with _lm_eval_quietly(seen):
                 results = simple_evaluate(model=lm, tasks=[task], samples={task: sorted(batch)}, log_samples=True,
                                           task_manager=task_manager, verbosity="ERROR")
-            new = _read_samples(out, task, stamp) + list(results["samples"][task])
-            _write_samples(out, task, stamp, new)
             record["configs"][task] = results["configs"][task]
-            atomic_write_text(out / f"results_{stamp}.json", json.dumps(
+            atomic_write_text(results_file, json.dumps(
                 {"configs": record["configs"], "n-shot": {k: v.get("num_fewshot", 0) for k, v in record["configs"]
                                                          .items()}}, default=str, indent=1) + "\n")
+            _write_samples(out, task, stamp, _read_samples(out, task, stamp) + list(results["samples"][task]))
             t["done"] += len(batch)
             t["looks"].append(t["done"])
             atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")  # after its samples: resumable
