@@ -202,3 +202,18 @@ def test_a_kill_between_the_first_samples_and_the_record_resumes(runs, embedded_
     err = capsys.readouterr().err
     assert "is a non-empty folder that is not an evaluate run" in err and len(err.strip().splitlines()) == 1, err
 
+
+def test_a_task_whose_flips_are_left_out_as_churn_keeps_going(runs, embedded_path, tmp_path, capsys):
+    """The old model wrong everywhere: `nfr>5%` is left out as churn (nothing shows the old model above chance) at
+    every look, while `acc_drop>50%` is clear at the first. More items might show the old model above chance, and
+    then nfr would have to be decided: the task keeps going to its last item, and the flips end left out as churn."""
+    code = evaluate(runs, embedded_path, tmp_path / "out", "wrong", "nfr>5%", "acc_drop>50%")
+    printed = capsys.readouterr().out
+    t = record(tmp_path / "out")
+    assert code == 0 and t["status"] == "exhausted" and t["done"] == N and t["looks"] == [40, 80, 120], printed
+    assert t["decisions"] == {"acc_drop>50%": "clear"} and t["left_out"] == {"nfr>5%": "churn"}
+    assert "t_mc: 40/120 items (running); nfr>5%: left out (churn so far)" in printed
+    assert "t_mc: 120/120 items (exhausted); nfr>5%: left out (churn);" in printed
+    assert "left out: t_mc (churn: " in printed
+    assert compare_decisions(capsys, runs / "wrong", tmp_path / "out", "nfr>5%", "acc_drop>50%") == t["decisions"]
+

@@ -3,11 +3,12 @@
 Each task's documents are visited in a seeded random order, a chunk at a time (`simple_evaluate(...,
 samples={task: [doc indices]})`, the model loaded once); after each chunk every (task, threshold) is decided by the
 anytime-valid tests of `decide` (e-processes: valid however often one looks), a task stops when each of its
-thresholds is decided, the run when every task has stopped or run out of documents. The output folder is an
-ordinary lm-eval `--log_samples` run (the samples evaluated so far) plus the record (`sequential.RECORD`) of the order
-and the looks: `compare BASELINE OUT` reads it and takes the same decisions, and a rerun resumes where a kill left it
-(the record is written before the first samples and again after each chunk's samples, each file atomically: the
-samples written are the truth when it resumes)."""
+thresholds is decided (one left out so far, as a churn task's flips are, is not: more items may show the old model
+above chance), the run when every task has stopped or run out of documents. The output folder is an ordinary lm-eval
+`--log_samples` run (the samples evaluated so far) plus the record (`sequential.RECORD`) of the order and the looks:
+`compare BASELINE OUT` reads it and takes the same decisions, and a rerun resumes where a kill left it (the record
+is written before the first samples and again after each chunk's samples, each file atomically: the samples written
+are the truth when it resumes)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ def _read_samples(out: Path, task: str, stamp: str) -> list[dict]:
 
 def progress_line(task: str, t: dict, decisions: list[dict], left_out: list[dict] = ()) -> str:
     """One line per task and look: items done, each threshold's interval (or e-value's p) and its decision, and the
-    thresholds left out for now (a churn task's flips: more items may show a model above chance)."""
-    parts = [f"{x['expr']}: left out ({x['why'].split(':')[0]} so far)" for x in left_out]
+    thresholds left out (a churn task's flips: "so far" while it runs, as more items may show a model above
+    chance)."""
+    so_far = " so far" if t["status"] == "running" else ""
+    parts = [f"{x['expr']}: left out ({x['why'].split(':')[0]}{so_far})" for x in left_out]
     for d in decisions:
         seen = f"{100 * d['value']:.1f}%"
         if d.get("interval") is not None:
@@ -140,13 +143,17 @@ def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds
             gate = check_gate(report, thresholds, alpha)
             for task, t in record["tasks"].items():
                 mine = [d for d in gate["decisions"] if d["task"] == task]
-                undecided = [d for d in mine if d["decision"] == "undecided"]
+                left_out = [x for x in gate["left_out"] if x["task"] == task]
+                # left out is not decided: more items may show the old model above chance (churn) or define the
+                # metric (btc with no item the old model got right so far), and then it must be decided
+                undecided = [d for d in mine if d["decision"] == "undecided"] + left_out
                 if t["status"] == "running" and not undecided and mine:
                     t["status"] = "decided"
                 elif t["status"] == "running" and t["done"] >= len(t["order"]):
                     t["status"] = "exhausted"
                 t["decisions"] = {d["expr"]: d["decision"] for d in mine}
-                say(progress_line(task, t, mine, [x for x in gate["left_out"] if x["task"] == task]))
+                t["left_out"] = {x["expr"]: x["why"].split(":")[0] for x in left_out}
+                say(progress_line(task, t, mine, left_out))
             atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")
         running = [task for task, t in record["tasks"].items() if t["status"] == "running"]
         if not running:
