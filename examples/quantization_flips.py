@@ -22,7 +22,8 @@ Writes OUT/report.json, OUT/report.md and OUT/flips.png (one quadrant panel per 
 lm-eval samples as a `--log_samples` run under OUT/runs/<variant>/ (the fp32 reference in OUT/runs/reference/, so
 `adaptguard compare OUT/runs/reference OUT/runs/int8` works on them), and OUT/report_<variant>.html: the page of
 what that variant broke, item by item.
-Data: BIG-bench (Apache-2.0), read from the PyPI sdist bigbench==1.0.0 (downloaded once, sha256-checked).
+Data: BIG-bench (Apache-2.0): `--bigbench` or $ADAPTGUARD_BIGBENCH (the sdist bigbench==1.0.0, an unpacked copy or a
+checkout), else an installed bigbench, the cache, or the sdist fetched once from the package index (sha256-checked).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ from adaptguard.utils.sweeps import command_line, machine_info, machine_line, wr
 class Args:
     model: str = field(default="built:smollm2", metadata={"help": "Hub id, local path, built:<name> or embedded:<name>."})
     tasks: str = field(default=",".join(DEFAULT_TASKS), metadata={"help": "BIG-bench multiple-choice tasks."})
+    bigbench: str | None = field(default=None, metadata={
+        "help": "BIG-bench's data: bigbench-1.0.0.tar.gz, an unpacked copy or a checkout (else $ADAPTGUARD_BIGBENCH, "
+                "an installed bigbench, the cache, the package index)."})
     # the defaults fit the 60-min budget on 2 CPU cores, where fp32 and int8 take 1-3 s per item and bf16 ~10 s
     limit: int = field(default=100, metadata={"help": "Items per task (the first ones, file order)."})
     variants: str = field(default="int8", metadata={"help": "Compared with fp32, comma-separated: int8 (torch "
@@ -170,7 +174,7 @@ def main(args: Args) -> dict:
     out = Path(args.out)
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    tasks = write_lm_eval_tasks(load_tasks(names), out / "tasks", limit=limit)
+    tasks = write_lm_eval_tasks(load_tasks(names, args.bigbench), out / "tasks", limit=limit)
     runs, seconds = [], {}
     for i, variant in enumerate(["fp32", *variants]):  # runs[0] is the reference; a listed fp32 is a second run
         start = time.perf_counter()
@@ -378,9 +382,9 @@ def run_schemes(args: Args) -> dict:
         return write_schemes_report(records, order, out, asked, reruns)
     path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    tasks = write_lm_eval_tasks(load_tasks(args.tasks.split(",")), out / "tasks", limit=args.limit)
+    tasks = write_lm_eval_tasks(load_tasks(args.tasks.split(","), args.bigbench), out / "tasks", limit=args.limit)
     if args.generated:
-        generated = {name: load_generative_task(name) for name in args.generated.split(",")}
+        generated = {name: load_generative_task(name, args.bigbench) for name in args.generated.split(",")}
         tasks += write_lm_eval_generative_tasks(generated, out / "tasks", limit=args.generated_limit)
     texts = []
     if args.kl_texts:

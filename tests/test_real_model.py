@@ -210,13 +210,33 @@ def test_update_pick_on_a_quantized_smollm2(smollm2_path, tmp_path):
     assert report["new_base"]["quantization"] == quant and report["verdict"].startswith("ship ")
 
 
+def stand_in_bigbench(folder: Path) -> Path:
+    """BIG-bench's two tasks E3's updates read, made up in its layout: the store keys name the task, the splits'
+    sizes and whether items were left out for length, not the rows, so rows of the same shape rebuild the same keys
+    (no 358 MB sdist, which a package index may stop serving). hyperbaton: 1,100 multiple-choice items (E1's
+    400/300/400 splits); matrixshapes: 1,100 generated-answer items that fit 128 tokens and one that does not (as in
+    the real task, whence the key's "items" entry)."""
+    tasks = folder / "bigbench" / "benchmark_tasks"
+    for name in ("hyperbaton", "matrixshapes"):
+        (tasks / name).mkdir(parents=True)
+    (tasks / "hyperbaton" / "task.json").write_text(json.dumps({"examples": [
+        {"input": f"Which sentence has the correct adjective order: a {i} old red car? b red old {i} car?",
+         "target_scores": {"a": 1, "b": 0}} for i in range(1100)]}))
+    (tasks / "matrixshapes" / "task.json").write_text(json.dumps({"examples": [
+        {"input": f"Multiply a matrix of shape ({i},3) with a matrix of shape (3,2).", "target": f"({i},2)"}
+        for i in range(1100)] + [{"input": "Multiply " + "a matrix of shape (2,3) " * 40, "target": "(2,3)"}]}))
+    return folder
+
+
 def test_e5_finds_every_updates_recorded_reference(smollm2_path, tmp_path, monkeypatch):
     """E5's new seeds count their flips against E3's recorded v1 test answers: in a store made from the committed
     records, the runner finds that reference for the multiple-choice updates and for U3's generated answers (whose
     scoring is part of the key), without training or scoring anything."""
+    from adaptguard.data.bigbench import ENV
     from studies import seeds_not_items as e5
     from studies.recipes_vs_control import E3Config
 
+    monkeypatch.setenv(ENV, str(stand_in_bigbench(tmp_path / "bigbench")))
     monkeypatch.chdir(Path(__file__).parents[1])  # the records' paths are the repository's
     out = tmp_path / "e5"
     e5.seed_records(out, [e5.E3_RECORDS])
