@@ -217,3 +217,46 @@ def test_a_task_whose_flips_are_left_out_as_churn_keeps_going(runs, embedded_pat
     assert "left out: t_mc (churn: " in printed
     assert compare_decisions(capsys, runs / "wrong", tmp_path / "out", "nfr>5%", "acc_drop>50%") == t["decisions"]
 
+
+def test_a_second_run_on_one_output_path_is_refused_while_the_first_holds_it(runs, embedded_path, tmp_path, capsys,
+                                                                           monkeypatch):
+    """Two runs on one --output-path at once would write the same documents twice: the second is refused at once (in
+    one line naming the folder, exit 2) while the first holds the folder's lock; once the first has ended (here
+    killed), a rerun resumes it, and `compare` reads the folder with the lock file in it."""
+    import threading
+
+    import lm_eval
+
+    out = tmp_path / "out"
+    real, calls, reached, release, codes = lm_eval.simple_evaluate, [], threading.Event(), threading.Event(), []
+
+    def held_at_the_second_chunk(*args, **kwargs):
+        calls.append(kwargs["samples"])
+        if len(calls) == 2:
+            reached.set()
+            release.wait(600)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", held_at_the_second_chunk)
+    first = threading.Thread(target=lambda: codes.append(evaluate(runs, embedded_path, out, "right", "pfr>0.5%")))
+    first.start()
+    try:
+        assert reached.wait(600)
+        capsys.readouterr()
+        code = evaluate(runs, embedded_path, out, "right", "pfr>0.5%")
+        err = capsys.readouterr().err
+    finally:
+        release.set()
+        first.join()
+    assert code == 2 and len(calls) == 2, err  # refused before evaluating anything
+    assert f"--output-path {out}: another evaluate run" in err and len(err.strip().splitlines()) == 1, err
+    assert codes == [130] and record(out)["done"] == 40
+    monkeypatch.setattr(lm_eval, "simple_evaluate", real)
+    assert evaluate(runs, embedded_path, out, "right", "pfr>0.5%") == 3
+    from adaptguard.compat.until_decided import LOCK
+
+    t = record(out)
+    docs = [s["doc_id"] for s in samples_of(out)]
+    assert len(docs) == len(set(docs)) == N == t["done"] and (out / LOCK).is_file()
+    assert compare_decisions(capsys, runs / "right", out, "pfr>0.5%") == t["decisions"]

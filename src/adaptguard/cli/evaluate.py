@@ -37,7 +37,7 @@ def _evaluate(ns: argparse.Namespace) -> int:
     from ..compat.gate import describe, exit_status
     from ..compat.harness import gathered_include_path
     from ..compat.sequential import load_record
-    from ..compat.until_decided import check_thresholds, evaluate_until_decided
+    from ..compat.until_decided import check_thresholds, evaluate_until_decided, holds_other_files, output_lock
     from ..plugins import lm_eval_task_dirs
 
     if ns.significance is None:
@@ -45,7 +45,7 @@ def _evaluate(ns: argparse.Namespace) -> int:
     out = Path(ns.output_path)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output-path {out}: is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()) and load_record(out) is None:
+    if holds_other_files(out) and load_record(out) is None:
         raise ValueError(f"--output-path {out}: is a non-empty folder that is not an evaluate run; give a new one")
     base = read_runs(ns.baseline)[0]  # bad baselines and tasks fail here, before the model loads
     tasks = [t.strip() for t in ns.tasks.split(",")] if ns.tasks else None
@@ -57,11 +57,13 @@ def _evaluate(ns: argparse.Namespace) -> int:
         if not Path(d).is_dir():
             raise ValueError(f"--include-path {d}: no such directory")
     check_thresholds(ns.fail_on)
-    lm = load_lm(ns.model, ns.model_args, ns.batch_size, ns.device)
-    with tempfile.TemporaryDirectory(prefix="adaptguard-evaluate-tasks-") as tmp:
+    # the folder's lock before the model loads: a second run on it at once is refused at once
+    with output_lock(out), tempfile.TemporaryDirectory(prefix="adaptguard-evaluate-tasks-") as tmp:
+        lm = load_lm(ns.model, ns.model_args, ns.batch_size, ns.device)
         include = gathered_include_path([*map(Path, ns.include_path or []), *lm_eval_task_dirs()], Path(tmp))
         gate = evaluate_until_decided(ns.baseline, out, lm, ns.fail_on, tasks=tasks, alpha=ns.significance,
-                                      chunk=ns.chunk, seed=ns.seed, task_manager=task_manager(include, tasks or sorted(base)))
+                                      chunk=ns.chunk, seed=ns.seed, locked=True,
+                                      task_manager=task_manager(include, tasks or sorted(base)))
     print(describe(gate))
     print(f"run: {out} (lm-eval samples and {out / 'sequential.json'}; `adaptguard compare {ns.baseline} {out}` "
           "takes the same decisions)")

@@ -86,17 +86,60 @@ def check_thresholds(thresholds: list) -> None:
                            f"{SEQUENTIAL_METRICS[-1]} (anytime-valid tests); use compare on finished runs for the others")
 
 
+LOCK = ".adaptguard-evaluate.lock"  # in the output folder, held for a whole run (compare reads samples_*, results_*)
+
+
+def holds_other_files(out: Path) -> bool:
+    """Whether the folder `out` holds anything but the lock of an evaluate run."""
+    return out.is_dir() and any(p.name != LOCK for p in out.iterdir())
+
+
+@contextlib.contextmanager
+def output_lock(out: str | Path):
+    """The output folder's lock (`LOCK`), held for a whole run: a second run on the folder at the same time, which
+    would evaluate the same documents into it twice, is refused at once (`RunError`, naming the folder). A folder made
+    here that holds only the lock when the run ends (a model that did not load) is removed again."""
+    from filelock import FileLock, Timeout
+
+    out = Path(out)
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out / LOCK), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunError(f"--output-path {out}: another evaluate run is writing to it (holding {out / LOCK}); wait "
+                       "for that run to end, or give another --output-path") from None
+    try:
+        yield
+    finally:
+        if made and not holds_other_files(out):
+            with contextlib.suppress(OSError):
+                (out / LOCK).unlink()  # while held: a run that opens the path from now on makes a new lock
+                out.rmdir()
+        lock.release()
+
+
+def _check_folder(out: Path, settings: dict) -> dict | None:
+    """The record of the evaluate run in `out` to resume (None for a new run); refuses one with other settings and
+    a folder with other files."""
+    record = load_record(out)
+    if record is not None and record["settings"] != settings:
+        raise RunError(f"{out}: holds an evaluate run with other settings ({record['settings']}); give another "
+                       "--output-path, or the same settings to resume it")
+    if record is None and holds_other_files(out):
+        raise RunError(f"{out}: is a non-empty folder that is not an evaluate run; give a new --output-path")
+    return record
+
+
 def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds: list, *, tasks: list[str] | None
                            = None, alpha: float = 0.05, chunk: int = 50, seed: int = 0, task_manager=None,
-                           say=print) -> dict:
+                           say=print, locked: bool = False) -> dict:
     """Evaluate `lm` (an lm-eval model instance, loaded once) on the baseline's tasks until every threshold is decided
-    (module docstring). Returns the gate (`gate.check_gate`) of the final state. Raises `RunError`/`GateError` for
-    bad input before anything is evaluated or written."""
-    from lm_eval import simple_evaluate
-
-    from .compare import compare_runs
+    (module docstring), holding the output folder's lock (`output_lock`; `locked`: the caller holds it already).
+    Returns the gate (`gate.check_gate`) of the final state. Raises `RunError`/`GateError` for bad input before
+    anything is evaluated or written, and while another run holds the folder."""
     from .formats import read_runs
-    from .gate import check_gate
 
     out = Path(out)
     base = read_runs(baseline)[0]
@@ -112,13 +155,22 @@ def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds
     check_thresholds(thresholds)
     settings = {"baseline": str(Path(baseline).resolve()), "thresholds": [t.expr for t in thresholds],
                 "alpha": alpha, "chunk": chunk, "seed": seed, "tasks": names}
-    record = load_record(out)
-    if record is not None and record["settings"] != settings:
-        raise RunError(f"{out}: holds an evaluate run with other settings ({record['settings']}); give another "
-                       "--output-path, or the same settings to resume it")
+    _check_folder(out, settings)  # bad input before the lock is written into the folder
+    with contextlib.nullcontext() if locked else output_lock(out):
+        return _until_decided(baseline, out, lm, thresholds, base, settings, task_manager, say)
+
+
+def _until_decided(baseline: str | Path, out: Path, lm, thresholds: list, base: dict, settings: dict, task_manager,
+                   say) -> dict:
+    """`evaluate_until_decided`'s run, the inputs checked and the folder's lock held."""
+    from lm_eval import simple_evaluate
+
+    from .compare import compare_runs
+    from .gate import check_gate
+
+    names, alpha, chunk, seed = settings["tasks"], settings["alpha"], settings["chunk"], settings["seed"]
+    record = _check_folder(out, settings)  # again: a run that held the folder may have left a record meanwhile
     if record is None:
-        if out.exists() and any(out.iterdir()):
-            raise RunError(f"{out}: is a non-empty folder that is not an evaluate run; give a new --output-path")
         record = {"settings": settings, "seed": seed, "stamp": datetime.now(timezone.utc).strftime(
             "%Y-%m-%dT%H-%M-%S.%f"), "configs": {}, "tasks": {
             task: {"order": task_order([d for _, d in base[task].samples], seed, task), "done": 0, "looks": [],
