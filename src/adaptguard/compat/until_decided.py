@@ -8,7 +8,7 @@ above chance), the run when every task has stopped or run out of documents. The 
 `--log_samples` run (the samples evaluated so far) plus the record (`sequential.RECORD`) of the order and the looks:
 `compare BASELINE OUT` reads it and takes the same decisions, and a rerun resumes where a kill left it (the record
 is written before the first samples and again after each chunk's samples, each file atomically: the samples written
-are the truth when it resumes)."""
+are the truth when it resumes). A run holds the folder's lock (`LOCK`) throughout: one run on a folder at a time."""
 
 from __future__ import annotations
 
