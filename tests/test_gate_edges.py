@@ -3,6 +3,7 @@ synthetic `--log_samples` runs, compared as a user would (`adaptguard compare`, 
 every output held to the decision the data support; the exact tests checked against scipy."""
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -238,6 +239,165 @@ def test_the_printed_interval_is_the_decisions_and_they_agree(tmp_path, capsys):
     assert binom.sf(7, 200, lo) == pytest.approx(0.05, rel=1e-6)  # the bound inverts the test exactly
     assert f"90 % interval {100 * lo:.2f}% to {100 * hi:.2f}%" in printed
     assert f"[{100 * lo:.1f}, {100 * hi:.1f}]" in printed and "NFR 90% CI" in printed  # the table's column
+
+
+# ------------------------------------------------------------------- 9. a value exactly at its threshold is not beyond it
+def _undecided_line(printed: str) -> str:
+    (line,) = [x for x in printed.splitlines() if x.startswith("  undecided: ")]
+    return line
+
+
+@pytest.mark.parametrize("expr", ["nfr>0.7%", "nfr>0.007"])
+def test_a_rate_exactly_at_its_threshold_is_not_beyond_it(tmp_path, capsys, expr):
+    """1,000 items, 7 broke: the NFR is exactly 0.7 %, and `nfr>0.7%` is `nfr>0.007` (0.7 / 100 is
+    0.006999999999999999 in floats, which 7 / 1000 = 0.007 exceeded). Raw values: ">" does not hold at equality, so
+    clear (exit 0), never "0.70% > 0.70%". Tested: undecided, and the line says the value is the threshold itself,
+    with both exact binomial p-values and the Clopper–Pearson bounds (scipy), not "no change was seen"."""
+    from scipy.stats import beta
+
+    write_mc(tmp_path / "old", "t", [True] * 1000), write_mc(tmp_path / "new", "t", [i >= 7 for i in range(1000)])
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", expr,
+                                    "--significance", "off")
+    (d,) = report["gate"]["decisions"]
+    assert code == 0 and d["decision"] == "clear" and d["value"] == 7 / 1000 and d["threshold"] == 0.007, printed
+    assert "0.70% > 0.70%" not in printed and "gate: passed" in printed
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", expr)
+    (d,) = report["gate"]["decisions"]
+    assert code == 3 and d["decision"] == "undecided" and d["items_needed"] is None, printed
+    p, p_below = binom.sf(6, 1000, 0.007), binom.cdf(7, 1000, 0.007)
+    assert d["p_value"] == pytest.approx(p, rel=1e-9) and d["p_within"] == pytest.approx(p_below, rel=1e-9)
+    lo, hi = beta.ppf(0.05, 7, 994), beta.isf(0.05, 8, 993)
+    assert _undecided_line(printed) == (
+        f"  undecided: t: nfr = 0.70%, exactly the threshold: not beyond it, nor shown below it (p = {p:.3g} beyond, "
+        f"{p_below:.3g} below, both ≥ α, exact one-sided binomial on the item counts; 90 % interval "
+        f"{100 * lo:.2f}% to {100 * hi:.2f}%; the value seen equals the threshold: no number of items decides it at "
+        f"this value)  [{expr}]")
+
+
+def test_an_accuracy_drop_exactly_at_its_margin_is_not_beyond_it(tmp_path, capsys):
+    """200 items, 4 broke, none fixed: the drop is exactly 2 % (0.75 − 0.73 is 0.020000000000000018 in floats).
+    Raw values: `acc_drop>2%`, `acc_drop<2%` and `overall:acc_drop>2%` are all clear. Tested: undecided, the line
+    saying the value is the threshold, and how far the data reach from the paired normal MDE (scipy)."""
+    from scipy.stats import norm
+
+    write_mc(tmp_path / "old", "t", [i < 150 for i in range(200)])
+    write_mc(tmp_path / "new", "t", [i < 150 and i >= 4 for i in range(200)])
+    exprs = ["--fail-on", "acc_drop>2%", "--fail-on", "acc_drop<2%", "--fail-on", "overall:acc_drop>2%"]
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", *exprs, "--significance", "off")
+    assert code == 0 and [d["decision"] for d in report["gate"]["decisions"]] == ["clear"] * 3, printed
+    assert "2.00% > 2.00%" not in printed and "2.00% < 2.00%" not in printed
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", "acc_drop>2%")
+    (d,) = report["gate"]["decisions"]
+    assert code == 3 and d["decision"] == "undecided" and min(d["p_value"], d["p_within"]) >= 0.05, printed
+    mde = (norm.ppf(0.95) + norm.ppf(0.8)) * math.sqrt((4 / 200 - 0.02 ** 2) / 200)
+    assert _undecided_line(printed) == (
+        f"  undecided: t: acc_drop = 2.00%, exactly the threshold: not beyond it, nor shown below it "
+        f"(p = {d['p_value']:.3g} beyond, {d['p_within']:.3g} below, both ≥ α, exact unconditional score test against "
+        f"the margin; the data detect a change of {100 * mde:.2f}% at 80 % power, but at the value seen no number of "
+        f"items or runs decides it)  [acc_drop>2%]")
+
+
+def test_replicate_means_exactly_at_their_thresholds_are_not_beyond_them(tmp_path, capsys):
+    """2 + 2 runs of 1,000 items, one new run wrong on 7 items the other three runs got right: per-item means over
+    run pairs, not whole counts. NFR = 7 · ½ / 1000 = 0.35 %, the noise floor 7 · (2² · ¼) / (2 + 2) / 1000 =
+    0.175 %, so the excess NFR is 0.175 %, and the drop 0.35 %; each at its threshold is clear with raw values, and
+    undecided, said as at the threshold, with the tests."""
+    for r in range(2):
+        write_mc(tmp_path / f"old{r}", "t", [True] * 1000)
+        write_mc(tmp_path / f"new{r}", "t", [r == 1 or i >= 7 for i in range(1000)])
+    sides = (f"{tmp_path / 'old0'},{tmp_path / 'old1'}", f"{tmp_path / 'new0'},{tmp_path / 'new1'}")
+    exprs = ["nfr>0.35%", "nfr<0.35%", "excess_nfr>0.175%", "acc_drop>0.35%", "acc_drop<0.35%"]
+    code, report, printed = compare(capsys, *sides, *(x for e in exprs for x in ("--fail-on", e)),
+                                    "--significance", "off")
+    assert code == 0 and [d["decision"] for d in report["gate"]["decisions"]] == ["clear"] * 5, printed
+    for expr in ("nfr>0.35%", "excess_nfr>0.175%", "acc_drop>0.35%"):
+        code, report, printed = compare(capsys, *sides, "--fail-on", expr)
+        (d,) = report["gate"]["decisions"]
+        assert code == 3 and d["decision"] == "undecided", printed
+        assert f"{d['metric']} = {expr.split('>')[1]}, exactly the threshold: not beyond it, nor shown below it" \
+            in _undecided_line(printed)
+        assert "but at the value seen no number of items or runs decides it" in _undecided_line(printed)
+
+
+def test_a_rate_too_close_to_its_threshold_to_plan_says_so(tmp_path, capsys):
+    """8 of 1,000 broke against `nfr>0.799%`: beyond it, but more than 10,000,000 items would be needed at the rate
+    seen — the line says that, not that no change was seen."""
+    write_mc(tmp_path / "old", "t", [True] * 1000), write_mc(tmp_path / "new", "t", [i >= 8 for i in range(1000)])
+    code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", "nfr>0.799%")
+    (d,) = report["gate"]["decisions"]
+    assert code == 3 and d["why"].startswith("beyond") and d["items_needed"] is None
+    assert d["p_value"] == pytest.approx(binom.sf(7, 1000, 0.00799), rel=1e-9)
+    assert _undecided_line(printed) == (
+        f"  undecided: t: nfr = 0.80% > 0.799% but not significantly (p = {d['p_value']:.3g} ≥ α, exact one-sided "
+        f"binomial on the item counts; 90 % interval {100 * d['interval'][0]:.2f}% to {100 * d['interval'][1]:.2f}%; "
+        f"at the rate seen, more than 10,000,000 items would be needed to decide it)  [nfr>0.799%]")
+
+
+# ------------------------------------------------------------------- 10. raw values compared are said as raw values
+def test_with_significance_off_no_output_says_the_data_support_a_breach(tmp_path, capsys):
+    """`--significance off` tests nothing: the terminal, the Markdown and the page say a value is beyond its
+    threshold (raw values, no test), never "a breach the data support"."""
+    write_mc(tmp_path / "old", "t", [True] * 100), write_mc(tmp_path / "new", "t", [i >= 7 for i in range(100)])
+    out = {"--markdown": tmp_path / "gate.md", "--html": tmp_path / "gate.html"}
+    for expr, code_wanted, head in (("nfr>5%", 1, "gate: FAILED, a value beyond its threshold (raw values, no test; "
+                                                   "1 breach, 0 undecided, 0 clear)"),
+                                    ("nfr>10%", 0, "gate: passed, no value beyond its threshold (raw values, no test; "
+                                                   "0 breach, 0 undecided, 1 clear)")):
+        code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", expr,
+                                        "--significance", "off", *(str(x) for kv in out.items() for x in kv))
+        assert code == code_wanted, printed
+        md, page = out["--markdown"].read_text(), out["--html"].read_text()
+        assert f"{head}; --significance off: breach where a value is beyond its threshold, clear otherwise" in printed
+        assert f"**G{head[1:]}; --significance off" in md
+        assert head in page.split('id="verdict">')[1].split("</div>")[0]
+        for text in (printed, md, page):
+            assert "data support" not in text
+
+
+# ---------------------------------------------------------------- 11. a rate's interval over replicates stays a rate
+def test_replicate_intervals_stay_in_their_ranges(tmp_path, capsys):
+    """2 + 2 runs of 60 items, one new run wrong on 3: the run-level t interval of the NFR reaches below 0
+    (2.5 % − t · SE); an NFR lies in [0, 1], so the interval printed, in the line and in the table, starts at 0.00 %,
+    its upper end the larger of the t bound and the Clopper–Pearson bound (scipy). The excess NFR, a difference of
+    rates, keeps its negative lower end; on tiny runs where the t bounds pass ±1 it is cut to [−1, 1]."""
+    from scipy.stats import beta, t
+
+    from adaptguard.compat.decide import interval
+
+    for r in range(2):
+        write_mc(tmp_path / f"old{r}", "t", [True] * 60)
+        write_mc(tmp_path / f"new{r}", "t", [r == 1 or i >= 3 for i in range(60)])
+    code, report, printed = compare(capsys, f"{tmp_path / 'old0'},{tmp_path / 'old1'}",
+                                    f"{tmp_path / 'new0'},{tmp_path / 'new1'}", "--fail-on", "nfr>2%",
+                                    "--fail-on", "excess_nfr>1%")
+    nfr, excess = report["gate"]["decisions"]
+    rep = report["tasks"]["t"]["replicates"]
+    t_low = rep["nfr"] - t.ppf(0.95, rep["nfr_df"]) * rep["nfr_se"]
+    # the item-level bounds of 1.5 broken items, rounded outward (1 and 2 of 60)
+    upper = max(rep["nfr"] + t.ppf(0.95, rep["nfr_df"]) * rep["nfr_se"], beta.isf(0.05, 3, 58))
+    assert t_low < 0 and nfr["interval"] == [0.0, pytest.approx(upper, rel=1e-9)], nfr
+    (line,) = [x for x in printed.splitlines() if "t: nfr = " in x]
+    assert f"90 % interval 0.00% to {100 * upper:.2f}%" in line
+    assert f"[0.0, {100 * upper:.1f}]" in printed
+    floor = rep["noise_floor"]
+    e_low = rep["excess_nfr"] - t.ppf(0.95, rep["df"]) * rep["se"]
+    assert excess["interval"][0] == pytest.approx(min(e_low, beta.ppf(0.05, 1, 60) - floor), rel=1e-9)
+    assert excess["interval"][0] < 0
+    rng = np.random.default_rng(0)
+    wide = 0
+    for _ in range(400):  # tiny runs: the t quantile on ~1 degree of freedom passes the ends of the range
+        n, r_o, r_n = int(rng.integers(1, 5)), int(rng.integers(2, 4)), int(rng.integers(1, 4))
+        old, new = rng.random((r_o, n)) < rng.random(), rng.random((r_n, n)) < rng.random()
+        r = replicate_flips(old, new, level=0.9)
+        e = {"n": n, "old_acc": r["old_acc"], "new_acc": r["new_acc"], "nfr": r["nfr"], "pfr": r["pfr"],
+             "replicates": r}
+        lo, hi = interval(e, "nfr", 0.05)
+        assert 0.0 <= lo <= r["nfr"] <= hi <= 1.0
+        lo, hi = interval(e, "excess_nfr", 0.05)
+        assert -1.0 <= lo <= r["excess_nfr"] <= hi <= 1.0
+        t_half = t.ppf(0.95, r["df"]) * r["se"]
+        wide += r["excess_nfr"] - t_half < -1 or r["excess_nfr"] + t_half > 1
+    assert wide > 10  # the cut was needed
 
 
 # ---------------------------------------------------------------------- every output agrees with the exit code

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from decimal import Decimal
+from fractions import Fraction
 
 RATE_METRICS = ("nfr", "pfr", "inconsistency_flips", "old_acc", "new_acc", "btc", "smooth_nfr", "smooth_pfr")
 RUN_LEVEL_METRICS = ("nfr", "excess_nfr", "acc_drop")  # with a run-level test when a side has replicates
@@ -45,6 +47,67 @@ def value(entry: Mapping, metric: str) -> float | None:
         return None if old is None or new is None else old - new
     v = entry.get(metric)
     return None if v is None or not math.isfinite(v) else float(v)
+
+
+def as_fraction(threshold) -> Fraction:
+    """A threshold exactly: a Fraction as it is, a float as the decimal its shortest repr writes (0.007 is 7/1000, the
+    number `nfr>0.7%` means; `gate.Threshold` keeps the one parsed from the text)."""
+    if isinstance(threshold, Fraction):
+        return threshold
+    return Fraction(Decimal(repr(float(threshold))))
+
+
+def _whole(x: float, denominator: int) -> Fraction | None:
+    """x as k / `denominator` when x·denominator is a whole number to within float rounding, else None."""
+    scaled = float(x) * denominator
+    k = round(scaled)
+    return Fraction(int(k), int(denominator)) if abs(scaled - k) <= 1e-6 else None
+
+
+def exact_value(entry: Mapping, metric: str) -> Fraction | None:
+    """The metric's value as the exact fraction of the counts behind it, or None where it has none (`m_g`, the
+    Δ-metrics, ...). One run: k / n (`btc`: over the items the old model got right; `acc_drop`: (b − c) / n from the
+    flip counts). Replicates: the per-item means over run pairs are not whole counts, but the sums behind them are
+    whole over R_o · R_n run pairs (the noise floor over W = R_o (R_o − 1) + R_n (R_n − 1) pairs of distinct runs), so
+    the value is a whole number over n · R_o · R_n · W."""
+    v = _observed(entry, metric)
+    n = entry.get("n")
+    if v is None or not n or metric not in (*RATE_METRICS, "acc_drop", "excess_nfr"):
+        return None
+    if replicated(entry):
+        r = entry["replicates"]
+        r_o, r_n = r["runs"]
+        if metric == "acc_drop":  # old_acc and new_acc are means over each side's runs and the items
+            old, new = _whole(r["old_acc"], n * r_o), _whole(r["new_acc"], n * r_n)
+            return None if old is None or new is None else old - new
+        return _whole(v, n * r_o * r_n * max(1, r_o * (r_o - 1) + r_n * (r_n - 1)))
+    if metric == "acc_drop":
+        b, c = (_whole(entry[f"n_{kind}_flips"], 1) for kind in ("negative", "positive"))
+        return None if b is None or c is None else (b - c) / n
+    if metric in ("nfr", "pfr", "btc"):
+        k, m = counts(entry, metric)
+        k = _whole(k, 1)
+        return None if k is None or not m else k / m
+    return _whole(v, n)
+
+
+def relation(entry: Mapping, metric: str, threshold) -> int:
+    """The sign of value − threshold, exactly (`exact_value` against `as_fraction(threshold)`): 1 above, 0 at, −1
+    below. A value at its threshold is neither beyond nor within it. Metrics without counts compare as floats."""
+    exact = exact_value(entry, metric)
+    if exact is not None:
+        theta = as_fraction(threshold)
+        return (exact > theta) - (exact < theta)
+    v, theta = _observed(entry, metric), float(threshold)
+    return (v > theta) - (v < theta)
+
+
+def _observed(entry: Mapping, metric: str) -> float | None:
+    """The value a decision compares: with replicates, the run-level estimate its test is about."""
+    if replicated(entry) and metric in RUN_LEVEL_METRICS:
+        r = entry["replicates"]
+        return {"nfr": r["nfr"], "excess_nfr": r["excess_nfr"], "acc_drop": r["old_acc"] - r["new_acc"]}[metric]
+    return value(entry, metric)
 
 
 def counts(entry: Mapping, metric: str) -> tuple[float, int]:
@@ -125,7 +188,11 @@ def p_beyond(entry: Mapping, metric: str, threshold: float, op: str) -> float:
     if replicated(entry):
         estimate, se, df = _run_level(entry, metric)
         z = estimate - threshold if greater else threshold - estimate
-        p_runs = t_sf(z / se, df) if se > 0 else float(z <= 0)
+        if se > 0:
+            p_runs = t_sf(z / se, df)
+        else:  # no spread: H0 holds exactly when the value is not beyond the threshold (compared exactly)
+            rel = relation(entry, metric, threshold)
+            p_runs = float(rel <= 0 if greater else rel >= 0)
         return max(p_runs, _item_level_p(entry, metric, threshold, greater))
     if metric == "acc_drop":
         return paired_drop_p(entry["n_negative_flips"], entry["n_positive_flips"], entry["n"], threshold,
@@ -150,26 +217,34 @@ def interval(entry: Mapping, metric: str, alpha: float) -> tuple[float, float] |
         r, n = entry["replicates"], entry["n"]
         lo, hi = rate_bounds(r["nfr"] * n, n, alpha)
         shift = r["noise_floor"] if metric == "excess_nfr" else 0.0
-        return min(estimate - half, lo - shift), max(estimate + half, hi - shift)
+        # cut to the metric's range: an NFR lies in [0, 1], the excess NFR (a difference of rates) in [−1, 1]
+        low = -1.0 if metric == "excess_nfr" else 0.0
+        return max(low, min(estimate - half, lo - shift)), min(1.0, max(estimate + half, hi - shift))
     if metric not in RATE_METRICS:
         return None
     k, n = counts(entry, metric)
     return rate_bounds(k, n, alpha) if n else None
 
 
-def items_needed(entry: Mapping, metric: str, threshold: float, op: str, alpha: float, cap: int = 10_000_000
+ITEMS_CAP = 10_000_000  # items_needed plans up to this many items
+
+
+def items_needed(entry: Mapping, metric: str, threshold: float, op: str, alpha: float, cap: int = ITEMS_CAP
                  ) -> int | None:
     """For an undecided rate of one run: how many items, at the rate observed, its test needs to decide (either
-    way); None when no number does (the rate equals the threshold) or the metric is not a rate of one run."""
+    way); None when no number does (the rate equals the threshold, compared exactly), none up to `cap` does, or the
+    metric is not a rate of one run."""
     if replicated(entry) or metric not in RATE_METRICS or "sequential" in entry:
         return None
     k, n = counts(entry, metric)
     if n == 0:
         return None
     rate = k / n
-    if rate == threshold:
+    side = relation(entry, metric, threshold)
+    if side == 0:
         return None
-    greater = rate > threshold  # the side the data lean to decides: a breach of ">" or a clear of "<", and back
+    threshold = float(threshold)
+    greater = side > 0  # the side the data lean to decides: a breach of ">" or a clear of "<", and back
 
     def decided(m: int) -> bool:
         return binomial_p(rate * m, m, threshold, greater) < alpha
@@ -222,27 +297,51 @@ def decide_threshold(name: str, entry: Mapping, t, alpha: float | None) -> dict:
     data reach, where undecided), `test`. With `alpha` None, raw values compared (no test)."""
     v = value(entry, t.metric)
     base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": v}
+    side = relation(entry, t.metric, _exact(t))
     if alpha is None:
-        beyond = v > t.value if t.op == ">" else v < t.value
-        return {**base, "decision": "breach" if beyond else "clear",
-                "why": "beyond the threshold" if beyond else "within the threshold", "p_value": None,
-                "p_within": None, "test": None, "interval": None, "level": None, "mde": None, "items_needed": None}
+        return {**base, "decision": "breach" if _beyond(side, t.op) else "clear", "why": _raw_why(side, t.op),
+                "p_value": None, "p_within": None, "test": None, "interval": None, "level": None, "mde": None,
+                "items_needed": None}
     flip = "<" if t.op == ">" else ">"
     p, p_within = p_beyond(entry, t.metric, t.value, t.op), p_beyond(entry, t.metric, t.value, flip)
-    beyond = v > t.value if t.op == ">" else v < t.value
     if p < alpha:
         decision, why = "breach", "the data support it"
     elif p_within < alpha:
         decision, why = "clear", "the data show it within the threshold"
-    elif beyond:
-        decision, why = "undecided", "beyond the threshold, but not significantly"
     else:
-        decision, why = "undecided", "within the threshold, but the data cannot show it"
+        decision, why = "undecided", _undecided_why(side, t.op)
     undecided = decision == "undecided"
     return {**base, "decision": decision, "why": why, "p_value": p, "p_within": p_within,
             "test": test_name(entry, t.metric, t.value), "interval": interval(entry, t.metric, alpha),
             "level": 1 - 2 * alpha, "mde": mde(entry, t.metric, alpha),
-            "items_needed": items_needed(entry, t.metric, t.value, t.op, alpha) if undecided else None}
+            "items_needed": items_needed(entry, t.metric, _exact(t), t.op, alpha) if undecided else None}
+
+
+AT_THRESHOLD = "at the threshold"  # how every `why` of a value exactly at its threshold begins
+
+
+def _exact(t) -> Fraction:
+    exact = getattr(t, "exact", None)
+    return as_fraction(t.value) if exact is None else exact
+
+
+def _beyond(side: int, op: str) -> bool:
+    """Is a value on `side` of its threshold (`relation`) beyond it for `op`? At the threshold it is not."""
+    return side > 0 if op == ">" else side < 0
+
+
+def _raw_why(side: int, op: str) -> str:
+    """Why a raw value (no test) is a breach or clear: beyond, exactly at (not beyond: clear), or within."""
+    if side == 0:
+        return f"{AT_THRESHOLD}, not beyond it"
+    return "beyond the threshold" if _beyond(side, op) else "within the threshold"
+
+
+def _undecided_why(side: int, op: str) -> str:
+    if side == 0:
+        return f"{AT_THRESHOLD}: neither beyond it nor shown within it"
+    return ("beyond the threshold, but not significantly" if _beyond(side, op) else
+            "within the threshold, but the data cannot show it")
 
 
 # ------------------------------------------------------------------------------------------------- churn
@@ -320,13 +419,12 @@ def decide_across(name: str, names: list[str], entries: list[Mapping], pooled: d
     drop = pooled["old_acc"] - pooled["new_acc"]
     base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": drop,
             "shows": "pooled", "worst_task": None, "interval": None, "level": None, "items_needed": None}
+    side = relation(pooled, "acc_drop", _exact(t))  # the pooled drop against θ, exactly
     if alpha is None:
-        beyond = drop > t.value if t.op == ">" else drop < t.value
-        return {**base, "decision": "breach" if beyond else "clear",
-                "why": "beyond the threshold" if beyond else "within the threshold", "p_value": None,
-                "p_within": None, "test": None, "mde": None}
+        return {**base, "decision": "breach" if _beyond(side, t.op) else "clear", "why": _raw_why(side, t.op),
+                "p_value": None, "p_within": None, "test": None, "mde": None}
     if all("sequential" in e for e in entries):
-        return _across_sequential(base, names, entries, t, alpha)
+        return _across_sequential(base, names, entries, t, alpha, side)
     split = alpha / len(ACROSS_METHODS)
     towards = across_tasks(entries, pooled, t.value, t.op)
     within = p_beyond(pooled, "acc_drop", t.value, "<" if t.op == ">" else ">")
@@ -341,15 +439,12 @@ def decide_across(name: str, names: list[str], entries: list[Mapping], pooled: d
         e = entries[worst]
         return {**out, "decision": "breach", "shows": "some_task", "value": e["old_acc"] - e["new_acc"],
                 "worst_task": names[worst], "why": "some task dropped beyond the threshold"}
-    beyond = drop > t.value if t.op == ">" else drop < t.value
     if within < alpha:
         return {**out, "decision": "clear", "why": "the data show it within the threshold"}
-    return {**out, "decision": "undecided", "mde": mde(pooled, "acc_drop", alpha),
-            "why": "beyond the threshold, but not significantly" if beyond else
-            "within the threshold, but the data cannot show it"}
+    return {**out, "decision": "undecided", "mde": mde(pooled, "acc_drop", alpha), "why": _undecided_why(side, t.op)}
 
 
-def _across_sequential(base: dict, names: list[str], entries: list[Mapping], t, alpha: float) -> dict:
+def _across_sequential(base: dict, names: list[str], entries: list[Mapping], t, alpha: float, side: int) -> dict:
     """`overall:acc_drop>θ` evaluated until decided: a breach ("some task dropped more than θ") when the product of
     the tasks' betting e-processes (independent tasks: a product is an e-process) reaches 1/α at some round of looks
     (a stopped task's wealth held); clear when every task's drop is shown below θ at α/K (then so is the pooled
@@ -370,9 +465,7 @@ def _across_sequential(base: dict, names: list[str], entries: list[Mapping], t, 
                 "value": e["old_acc"] - e["new_acc"], "why": "some task dropped beyond the threshold"}
     if max(within) < alpha / len(entries):
         return {**out, "decision": "clear", "why": "the data show it within the threshold"}
-    beyond = base["value"] > t.value if t.op == ">" else base["value"] < t.value
-    return {**out, "decision": "undecided", "why": "beyond the threshold, but not significantly" if beyond else
-            "within the threshold, but the data cannot show it"}
+    return {**out, "decision": "undecided", "why": _undecided_why(side, t.op)}
 
 
 def across_verdict(names: list[str], entries: list[Mapping], pooled: dict, alpha: float) -> dict:

@@ -16,6 +16,11 @@ task churn, or the metric undefined on each) exits 3 and says why. Tasks where t
 `new_acc`). `overall:acc_drop>VALUE` decides the tasks together, as Kübler et al. (2026) do: a breach when any of
 the pooled, max-drop and Fisher tests rejects at α/3; clear when the pooled test shows the drop below VALUE.
 `--significance off` compares raw values: breach when beyond the threshold, clear otherwise (no test).
+
+A value is compared with its threshold exactly: the threshold as the decimal it was written in (`0.7%` is 7/1000,
+not 0.7 / 100 = 0.006999999999999999 in floats), the value as the counts behind it (`decide.relation`), so a value
+at its threshold is neither beyond nor within it — not a breach of `>` (nor of `<`), and with the tests undecided
+unless a test decides it.
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ import fnmatch
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 from .comparison import Comparison
 from .decide import (
+    AT_THRESHOLD,
     DECISIONS,
     FLIP_METRICS,
     RATE_METRICS,
@@ -59,8 +67,13 @@ class Threshold:
     expr: str
     metric: str
     op: str  # ">" or "<"
-    value: float
+    value: float  # the nearest float to `exact`, for display and the tests' rates
     tasks: str = "*"
+    exact: Fraction | None = field(default=None, compare=False, repr=False)  # the threshold as written, exactly
+
+    def __post_init__(self):
+        if self.exact is None:  # made from a float: the decimal its shortest repr writes (0.007 is 7/1000)
+            object.__setattr__(self, "exact", Fraction(Decimal(repr(float(self.value)))))
 
     @classmethod
     def parse(cls, expr: str) -> Threshold:
@@ -73,25 +86,29 @@ class Threshold:
             raise GateError(f"--fail-on {expr!r}: unknown metric {metric!r}; known: {', '.join(GATE_METRICS)}")
         text = m["value"]
         percent = text.endswith("%")
-        try:
-            value = float(text[:-1] if percent else text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise GateError(f"--fail-on {expr!r}: the threshold {text!r} is not a finite number")
+        try:  # the decimal as written, exactly: `0.7%` is 7/1000, where 0.7 / 100 in floats is below it
+            exact = Fraction(Decimal(text[:-1] if percent else text))
+        except (InvalidOperation, ValueError, OverflowError):  # not a number, NaN or infinite
+            raise GateError(f"--fail-on {expr!r}: the threshold {text!r} is not a finite number") from None
         if percent:
             if metric not in IN_RATE_UNITS:
                 raise GateError(f"--fail-on {expr!r}: {metric} is not a rate; give its threshold without %")
-            value /= 100
-        elif metric in IN_RATE_UNITS and abs(value) >= 1:  # `1` is 1 % or 100 %: say which
+            exact /= 100
+        try:
+            value = float(exact)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise GateError(f"--fail-on {expr!r}: the threshold {text!r} is not a finite number")
+        if not percent and metric in IN_RATE_UNITS and abs(exact) >= 1:  # `1` is 1 % or 100 %: say which
             raise GateError(f"--fail-on {expr!r}: {metric} is a rate (the table prints it in %): write " + (
-                f"{text}% or {value * 100:g}% (1 alone could mean either)" if abs(value) == 1 else
+                f"{text}% or {value * 100:g}% (1 alone could mean either)" if abs(exact) == 1 else
                 f"{text}% or {value / 100:g}"))
-        low = 0.0 if metric in RATE_METRICS else -1.0  # a rate lies in [0, 1]; a difference of rates in [−1, 1]
-        if metric in IN_RATE_UNITS and not low <= value <= 1:
+        low = 0 if metric in RATE_METRICS else -1  # a rate lies in [0, 1]; a difference of rates in [−1, 1]
+        if metric in IN_RATE_UNITS and not low <= exact <= 1:
             raise GateError(f"--fail-on {expr!r}: {metric} lies between {100 * low:g}% and 100%; a threshold of "
                             f"{100 * value:g}% would decide nothing")
-        return cls(expr=expr, metric=metric, op=m["op"], value=value, tasks=(m["tasks"] or "*").strip())
+        return cls(expr=expr, metric=metric, op=m["op"], value=value, tasks=(m["tasks"] or "*").strip(), exact=exact)
 
 
 def _check(t: Threshold, entries: list[Mapping], significance: float | None) -> None:
@@ -183,58 +200,91 @@ def _rate(metric: str, value: float) -> str:
     return f"{100 * value:.2f}%" if metric in IN_RATE_UNITS else f"{value:.4g}"
 
 
+def _limit(metric: str, threshold: float) -> str:
+    """A threshold as written: two decimals in %, more where it has them (`nfr>0.799%` is 0.799%, not 0.80%)."""
+    if metric not in IN_RATE_UNITS:
+        return _rate(metric, threshold)
+    percent = Decimal(repr(float(threshold))) * 100  # the decimal the threshold was parsed from
+    return f"{percent:.{max(2, -percent.normalize().as_tuple().exponent)}f}%"
+
+
+def _at(d: dict) -> bool:
+    """Is the decision's value exactly its threshold (compared on the counts, `decide.relation`)?"""
+    return d["why"].startswith(AT_THRESHOLD)
+
+
 def _reach(d: dict) -> str:
     """How far the data reach, for an undecided decision: the MDE, the items needed at the rate seen, or why not."""
+    from .decide import ITEMS_CAP, test_name
+
     if d.get("mde") is not None:
-        return f"the data detect a change of {_rate(d['metric'], d['mde'])} at 80 % power: add items or runs"
+        seen = f"the data detect a change of {_rate(d['metric'], d['mde'])} at 80 % power"
+        return seen + (", but at the value seen no number of items or runs decides it" if _at(d) else
+                       ": add items or runs")
     if d.get("items_needed") is not None:
         return f"at the rate seen, about {d['items_needed']:,} items would decide it"
-    if d["value"] == d["threshold"]:
+    if _at(d):
         return "the value seen equals the threshold: no number of items decides it at this value"
-    return "no change was seen to plan from: add items or runs"
+    if d["metric"] in RATE_METRICS and d.get("test") == test_name({}, d["metric"]):  # a rate of one run: no number
+        # of items up to items_needed's cap decides it
+        return f"at the rate seen, more than {ITEMS_CAP:,} items would be needed to decide it"
+    if d["value"] == 0:
+        return "no change was seen to plan from: add items or runs"
+    return "add items or runs to decide it"
 
 
 def decision_line(d: dict) -> str:
     """One decision in words: the value, the threshold, the decision, the test's p and the interval it used."""
-    metric = d["metric"]
+    metric, at = d["metric"], _at(d)
     where = "≤" if d["op"] == ">" else "≥"
-    head = f"{d['task']}: {metric} = {_rate(metric, d['value'])}"
+    limit = _limit(metric, d["threshold"])
+    head = f"{d['task']}: {metric} = {limit if at else _rate(metric, d['value'])}"
     if d.get("shows") == "some_task" and d["decision"] == "breach":
-        head = (f"{d['task']}: some task dropped more than {_rate(metric, d['threshold'])} (most: {d['worst_task']}, "
+        head = (f"{d['task']}: some task dropped more than {limit} (most: {d['worst_task']}, "
                 f"acc_drop = {_rate(metric, d['value'])})")
     if d["p_value"] is None:
-        return f"{head} {d['op'] if d['decision'] == 'breach' else where} {_rate(metric, d['threshold'])}  [{d['expr']}]"
+        if at:  # raw values: at the threshold is not beyond it
+            return f"{head}, exactly the threshold: not beyond it  [{d['expr']}]"
+        return f"{head} {d['op'] if d['decision'] == 'breach' else where} {limit}  [{d['expr']}]"
     ci = ""
     if d.get("interval") is not None:
         lo, hi = d["interval"]
         ci = f"; {round(100 * d['level'])} % interval {_rate(metric, lo)} to {_rate(metric, hi)}"
+    towards = "below" if d["op"] == ">" else "above"
     if d["decision"] == "breach":
         if d.get("shows") == "some_task":
             body = f"(max-drop/Fisher p = {d['p_value']:.3g}, {d['test']})"
         else:
-            body = f"{d['op']} {_rate(metric, d['threshold'])} (p = {d['p_value']:.3g}, {d['test']}{ci})"
+            body = f"{d['op']} {limit} (p = {d['p_value']:.3g}, {d['test']}{ci})"
     elif d["decision"] == "clear":
-        body = (f"{'<' if d['op'] == '>' else '>'} {_rate(metric, d['threshold'])} shown (p = {d['p_within']:.3g}, "
-                f"{d['test']}{ci})")
+        body = f"{'<' if d['op'] == '>' else '>'} {limit} shown (p = {d['p_within']:.3g}, {d['test']}{ci})"
     else:
-        if d["why"].startswith("beyond"):
-            body = f"{d['op']} {_rate(metric, d['threshold'])} but not significantly (p = {d['p_value']:.3g} ≥ α"
+        if at:  # neither beyond nor within: both tests' p
+            body = (f"exactly the threshold: not beyond it, nor shown {towards} it (p = {d['p_value']:.3g} beyond, "
+                    f"{d['p_within']:.3g} {towards}, both ≥ α")
+        elif d["why"].startswith("beyond"):
+            body = f"{d['op']} {limit} but not significantly (p = {d['p_value']:.3g} ≥ α"
         else:
-            body = (f"{where} {_rate(metric, d['threshold'])} but not shown {'below' if d['op'] == '>' else 'above'} "
-                    f"it (p = {d['p_within']:.3g} ≥ α")
+            body = f"{where} {limit} but not shown {towards} it (p = {d['p_within']:.3g} ≥ α"
         body += f", {d['test']}{ci}; {_reach(d)})"
-    return f"{head} {body}  [{d['expr']}]"
+    return f"{head}{', ' if at and d['decision'] == 'undecided' else ' '}{body}  [{d['expr']}]"
 
 
 def headline(gate: dict) -> str:
-    """The gate's outcome in one line: what the exit status says, and what was left out of it."""
-    counts = ", ".join(f"{len([d for d in gate['decisions'] if d['decision'] == k])} {k}" for k in DECISIONS)
+    """The gate's outcome in one line: what the exit status says, and what was left out of it. With
+    `--significance off` nothing was tested: it says raw values were compared, never that the data support a breach."""
+    raw = gate.get("significance") is None
+    counts = ("raw values, no test; " if raw else "") + ", ".join(
+        f"{len([d for d in gate['decisions'] if d['decision'] == k])} {k}" for k in DECISIONS)
     left = len(gate["left_out"])
     out = f" ({counts}; {left} (task, threshold) pair{'s' * (left != 1)} left out)" if left else f" ({counts})"
     if gate["status"] == "breach":
-        return "gate: FAILED, a breach the data support" + out
+        return ("gate: FAILED, a value beyond its threshold" if raw else "gate: FAILED, a breach the data support") + out
     if gate["status"] == "undecided":
         return "gate: UNDECIDED, no breach but not every threshold could be decided" + out
+    if raw:
+        return ("gate: passed, no value decided is beyond its threshold" if left else
+                "gate: passed, no value beyond its threshold") + out
     return ("gate: passed, every threshold decided is clear" if left else "gate: passed, every threshold clear") + out
 
 
@@ -243,7 +293,7 @@ def describe(gate: dict) -> str:
     out."""
     alpha = gate["significance"]
     how = (f"breach: its one-sided test at p < {alpha:g}; clear: the opposite test at p < {alpha:g}"
-           if alpha is not None else "raw values compared, no test (--significance off)")
+           if alpha is not None else "--significance off: breach where a value is beyond its threshold, clear otherwise")
     lines = [f"{headline(gate)}; {how}" + (":" if gate["status"] != "clear" else "")]
     if gate.get("nothing_decided"):
         lines.append(f"  {gate['nothing_decided']}")

@@ -144,6 +144,12 @@ def _two_level_bootstrap_se(old: np.ndarray, new: np.ndarray, n_boot: int, seed:
     return float(np.std(stats, ddof=1))
 
 
+def _difference(interval: tuple[float, float]) -> tuple[float, float]:
+    """A t interval of a difference of rates (the excess NFR, NFR − PFR, an accuracy difference) cut to its range,
+    [−1, 1]: on a few items and runs, t on ~1 degree of freedom passes it."""
+    return max(-1.0, interval[0]), min(1.0, interval[1])
+
+
 def replicate_flips(old, new, *, level: float = 0.95, power: float = 0.8, method: str = "moments",
                     n_boot: int = 2000, seed: int | None = 0) -> dict:
     """Flips of an update measured against replicate runs of each side.
@@ -215,14 +221,14 @@ def replicate_flips(old, new, *, level: float = 0.95, power: float = 0.8, method
         "excess_nfr": None if runs_fixed else estimate,
         "excess_pfr": None if runs_fixed else float((parts["cross_pfr"] - floor).mean()),
         "tested": "nfr_minus_pfr" if runs_fixed else "excess_nfr", "estimate": estimate,
-        "se": se, "df": df, "ci": t_interval(estimate, se, df, level),
+        "se": se, "df": df, "ci": _difference(t_interval(estimate, se, df, level)),
         "p_value": p_value, "mde": min_detectable_effect(se, df, 1 - level, power),
         "nfr_se": math.sqrt(nfr_var), "nfr_df": nfr_df,
         # a rate: the t interval cut to [0, 1]
         "nfr_ci": tuple(min(max(x, 0.0), 1.0) for x in t_interval(float(parts["cross"].mean()), math.sqrt(nfr_var),
                                                                   nfr_df, level)),
         "acc_diff": float(parts["acc_diff"].mean()), "acc_diff_se": acc_se, "acc_diff_df": acc_df,
-        "acc_diff_ci": t_interval(float(parts["acc_diff"].mean()), acc_se, acc_df, level),
+        "acc_diff_ci": _difference(t_interval(float(parts["acc_diff"].mean()), acc_se, acc_df, level)),
         "acc_diff_mde": min_detectable_effect(acc_se, acc_df, 1 - level, power),
         "runs_fixed": runs_fixed, "run_level": bool(groups), "level": level, "method": method,
         "variance_parts": var_parts,
