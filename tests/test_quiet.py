@@ -2,6 +2,7 @@
 command's screen, and said once, in the user's terms, by a run that loads a 4-bit model (issue 34)."""
 
 import importlib.util
+import os
 import subprocess
 import sys
 import textwrap
@@ -132,3 +133,104 @@ def test_llm_int8_cast_note_is_said_once():
     """)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.count("inputs will be cast") == 1 and "another int8 warning" in proc.stderr
+
+
+# bitsandbytes only asks `kernels` for its fused 4-bit CPU kernel on a CPU with AVX512-BF16: this hook makes any CPU
+# look like one (before bitsandbytes' CPU backend is imported), so the lines it logs there are logged here too.
+AVX512BF16 = """
+import importlib.abc, sys
+
+class _AVX512BF16(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "bitsandbytes.backends.cpu.ops":
+            import bitsandbytes.functional
+            bitsandbytes.functional.has_avx512bf16 = lambda: True
+        return None
+
+sys.meta_path.insert(0, _AVX512BF16())
+"""
+
+
+def _kernels_installed() -> None:
+    for name in ("bitsandbytes", "kernels", "peft"):
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} not installed")
+
+
+def test_the_hidden_kernels_line_is_the_one_kernels_logs():
+    """`kernels` logs the skipped trust check on its own logger, naming the repository bitsandbytes asks for: an
+    upgrade that renames the logger, the message or the repository fails here."""
+    _kernels_installed()
+    import kernels
+
+    from adaptguard.utils.quiet import KERNELS_HUB_LOGGER, KERNELS_OFFLINE_TRUST
+
+    hub = Path(kernels.__file__).parent / "_internals" / "hf_hub.py"
+    assert KERNELS_HUB_LOGGER == "kernels._internals.hf_hub"
+    source = hub.read_text()
+    assert "logger = logging.getLogger(__name__)" in source
+    assert "Skipping publisher trust check for '{repo_id}'" in source
+    ops = (Path(importlib.util.find_spec("bitsandbytes").origin).parent / "backends" / "cpu" / "ops.py").read_text()
+    repository = KERNELS_OFFLINE_TRUST.prefix.split("'")[1]
+    assert f'"{repository}"' in ops
+
+
+@pytest.mark.parametrize("argv", [["compare", "no-such-run", "another"],
+                                  ["compare", "example:fp32", "example:int8", "--fail-on", "nfr>10%"]])
+def test_with_the_hub_offline_a_command_prints_only_its_own_lines(argv, tmp_path):
+    """On a CPU with AVX512-BF16, with HF_HUB_OFFLINE=1 (as CI runs) and `kernels` installed (transformers ≥ 5.25
+    installs it), importing PEFT made bitsandbytes ask `kernels` for a kernel not in the cache: two lines before
+    every command's output, a refusal's included. adaptguard's import hides both; the same command without the
+    filters shows them (the test would pass vacuously if the lines were never logged)."""
+    _kernels_installed()
+    code = AVX512BF16 + textwrap.dedent(f"""
+        import os, sys
+        if os.environ.get("WITHOUT_FILTERS"):
+            import peft  # before adaptguard: the lines as a user of PEFT sees them
+        from adaptguard.cli.main import main
+        rc = main({argv!r})
+        import peft  # noqa: F401  (a command that loads a model imports it; the lines are logged by now either way)
+        from adaptguard.utils import quiet
+        print("hidden:", quiet.BNB_CPU_KERNEL.hidden, quiet.KERNELS_OFFLINE_TRUST.hidden, "rc:", rc)
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "NO_COLOR": "1"}
+    ours = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    theirs = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**env, "WITHOUT_FILTERS": "1"})
+    assert ours.stdout.splitlines()[-1] in ("hidden: True True rc: 1", "hidden: True True rc: 2"), ours.stderr[-2000:]
+    assert "Skipping publisher trust check" in theirs.stderr and PREFIX in theirs.stderr  # logged without the filters
+    assert "kernels-community" not in ours.stderr and "kernel" not in ours.stdout
+    if argv[1] == "no-such-run":
+        assert ours.stdout.splitlines()[-1].endswith("rc: 2")
+        assert len(ours.stderr.splitlines()) == 1 and "no-such-run" in ours.stderr, ours.stderr
+    else:
+        assert ours.stdout.splitlines()[-1].endswith("rc: 1") and "BREACH (nfr>10%)" in ours.stdout
+        lines = ours.stderr.splitlines()  # the gate's own lines: its decision, then one per threshold
+        assert lines[0].startswith("gate: FAILED") and all(line.startswith("  breach: bb_") for line in lines[1:]), lines
+        assert len(lines) == 3
+
+
+@pytest.mark.parametrize("reason, advice", [
+    ("No module named 'kernels'", "`pip install kernels` (it downloads the kernel from the Hugging Face Hub) enables it"),
+    ("Version 1 of 'kernels-community/quantization-bitsandbytes' is not available in the local cache and cannot be "
+     "downloaded in offline mode", "run once without HF_HUB_OFFLINE=1 to cache it"),
+    ("Kernel repository 'kernels-community/quantization-bitsandbytes' could not verify publisher trust status",
+     "; Kernel repository 'kernels-community/quantization-bitsandbytes' could not verify publisher trust status"),
+])
+def test_the_4bit_note_says_what_to_do_for_the_reason_bitsandbytes_gave(reason, advice):
+    """The note after a 4-bit load names the step that fixes what bitsandbytes reported: installing `kernels` when it
+    is missing, one online run when the Hub is offline and the kernel not cached, else the refusal in its own words
+    (bitsandbytes' advice to `pip install kernels` is wrong when it is installed)."""
+    proc = run(f"""
+        import logging
+        from adaptguard.utils.quiet import hide_unused_library_noise, note_4bit_kernel
+
+        hide_unused_library_noise()
+        logging.getLogger("bitsandbytes.backends.cpu.ops").warning(
+            "{PREFIX}: %s. Please make sure you already `pip install kernels` and the kernels >= 0.11.1", {reason!r})
+        note_4bit_kernel()
+    """)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("note: bitsandbytes' fused 4-bit CPU kernel"), lines
+    assert lines[0].endswith(advice) and (advice.startswith("`pip") or "pip install kernels" not in lines[0])

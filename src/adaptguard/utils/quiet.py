@@ -1,9 +1,12 @@
 """Log lines of other libraries about features adaptguard's commands do not use, kept off the user's screen.
 
 bitsandbytes (0.50) tries, on importing its CPU backend on a CPU with AVX512-BF16, to fetch a fused 4-bit kernel
-from the Hugging Face Hub and logs a warning when the `kernels` package is absent. PEFT imports bitsandbytes
-whenever it is installed, so every command would open with that line, 4-bit model or not. The CLI hides it; a run
-that does load a 4-bit model says once what it means for the user (`note_4bit_kernel`).
+from the Hugging Face Hub through the `kernels` package, and logs a warning when it cannot: `kernels` absent, or (since
+transformers 5.25 installs `kernels`) the kernel not in the local cache with the Hub offline, in which case `kernels`
+also logs that it skipped the publisher's trust check. PEFT imports bitsandbytes whenever it is installed, so every
+command, refusals included, would open with those lines, 4-bit model or not. The CLI and the studies hide
+them before their first import of PEFT; a run that does load a 4-bit model says once what it means for the user
+(`note_4bit_kernel`).
 
 PEFT (0.21) and TRL read transformers' deprecated `is_gradient_checkpointing` when they wrap a model: a warning
 about those libraries that nobody running a command or an experiment can act on.
@@ -27,7 +30,7 @@ class _HideMessage(logging.Filter):
     def __init__(self, prefix: str, contains: str = "", once: bool = False):
         super().__init__()
         self.prefix, self.contains, self.once, self.hidden, self.explained = prefix, contains, once, False, False
-        self.shown = False
+        self.shown, self.last = False, ""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -35,13 +38,16 @@ class _HideMessage(logging.Filter):
             if self.once and not self.shown:  # said once, then kept off the screen
                 self.shown = True
                 return True
-            self.hidden = True
+            self.hidden, self.last = True, message
             return False
         return True
 
 
 BNB_CPU_KERNEL = _HideMessage("Failed to load CPU gemm_4bit_forward from kernels-community")
 BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
+# `kernels` (0.19), asked by bitsandbytes for that kernel with HF_HUB_OFFLINE=1: only for that repository
+KERNELS_OFFLINE_TRUST = _HideMessage("Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes'")
+KERNELS_HUB_LOGGER = "kernels._internals.hf_hub"
 TORCHAO_KERNELS = _HideMessage("Failed to load ")  # only on torchao's own logger: its optional CUDA kernels
 # LLM.int8 logs this on every matrix product of an fp32 model (thousands per evaluation): once is enough
 BNB_INT8_CAST = _HideMessage("MatMul8bitLt: inputs will be cast", once=True)
@@ -53,6 +59,7 @@ TORCH_PYTREE_ENUM = _HideMessage("<enum '", contains="is an Enum subclass and is
 def hide_unused_library_noise() -> None:
     """Install the filters (idempotent: `addFilter` adds a filter once, `filterwarnings` moves an equal one first)."""
     logging.getLogger(BNB_CPU_LOGGER).addFilter(BNB_CPU_KERNEL)
+    logging.getLogger(KERNELS_HUB_LOGGER).addFilter(KERNELS_OFFLINE_TRUST)
     logging.getLogger(BNB_INT8_LOGGER).addFilter(BNB_INT8_CAST)
     logging.getLogger("torchao").addFilter(TORCHAO_KERNELS)
     logging.getLogger("torch.utils._pytree").addFilter(TORCH_PYTREE_ENUM)
@@ -65,8 +72,13 @@ def note_4bit_kernel() -> str | None:
     if not BNB_CPU_KERNEL.hidden or BNB_CPU_KERNEL.explained:
         return None
     BNB_CPU_KERNEL.explained = True
-    note = ("note: bitsandbytes' fused 4-bit CPU kernel (for AVX512-BF16 CPUs) is not installed, so 4-bit layers run "
-            "on its default CPU path; `pip install kernels` (it downloads the kernel from the Hugging Face Hub) "
-            "enables it")
+    if "No module named 'kernels'" in BNB_CPU_KERNEL.last:
+        how = "`pip install kernels` (it downloads the kernel from the Hugging Face Hub) enables it"
+    elif "not available in the local cache" in BNB_CPU_KERNEL.last:  # `kernels` is there, the Hub offline
+        how = "bitsandbytes fetches it from the Hugging Face Hub: run once without HF_HUB_OFFLINE=1 to cache it"
+    else:  # `kernels` is there and the Hub refused or could not be reached: its own words
+        how = BNB_CPU_KERNEL.last.split(": ", 1)[-1].split(". Please make sure")[0]
+    note = ("note: bitsandbytes' fused 4-bit CPU kernel (for AVX512-BF16 CPUs) is not available, so 4-bit layers run "
+            f"on its default CPU path; {how}")
     print(note, file=sys.stderr)
     return note
