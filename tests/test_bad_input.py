@@ -255,3 +255,24 @@ def test_smollm2_asked_by_two_at_once_is_built_once(tmp_path, monkeypatch):
     target = tmp_path / "built" / f"smollm2-{smollm2.WHEEL_VERSION}"
     assert got == [target, target] and len(builds) == 1
     assert (target / "model.safetensors").stat().st_size == 1000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["compare", "example:fp32"], "adaptguard compare: error: the following arguments are required: new"),
+    (["compare", "example:fp32", "example:int8", "--significance", "maybe"],
+     "adaptguard compare: error: argument --significance: expected a number, got 'maybe'"),
+    (["compare", "example:fp32", "example:int8", "--fail-on", "nfr>>1"],
+     "adaptguard compare: error: argument --fail-on: --fail-on 'nfr>>1': the threshold '>1' is not a finite number"),
+    (["evaluate"], "adaptguard evaluate: error: the following arguments are required: baseline, --model-args, --fail-on, "
+                   "--output-path"),
+    (["nope"], "adaptguard: error: argument command: invalid choice: 'nope'"),
+    (["compare", "a", "b", "--no-such-option"], "adaptguard: error: unrecognized arguments: --no-such-option"),
+])
+def test_argument_errors_are_one_line_without_the_usage(tmp_path, args, message):
+    """argparse prints its usage (8–9 lines for `compare`) before the message; README promises one line naming the
+    argument, and `--help` says the rest."""
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
+    assert lines[0].endswith("(--help for usage)") and proc.stdout == ""

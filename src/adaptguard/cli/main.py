@@ -8,10 +8,18 @@ import sys
 from . import built, cache_logits, compare, compat_tasks, demo, drift, embedded, evaluate, lm_eval, select, tasks_dir, update
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's refusals without the usage it prints first (8–9 lines for `compare`): one line naming the argument,
+    exit 2, and where the usage is. Subcommands' parsers are of the same class (`add_subparsers` uses the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
+
+
 def build_parser():
     from .. import __version__
 
-    parser = argparse.ArgumentParser(prog="adaptguard", description="Adapt and update LLMs without breaking what already works.")
+    parser = _OneLineParser(prog="adaptguard", description="Adapt and update LLMs without breaking what already works.")
     parser.add_argument("--version", action="version", version=f"adaptguard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (demo, compare, evaluate, tasks_dir, lm_eval, compat_tasks, cache_logits, update, drift, select, embedded,
