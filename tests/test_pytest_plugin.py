@@ -1,0 +1,155 @@
+"""The pytest plugin and `assert_compatible` (issue 89), run as a user's suite would run them, through pytester: on
+the shipped pair (`example:fp32` → `example:int8`) `nfr>10%` is a breach, `nfr>30%` undecided, `nfr>50%` clear —
+each test fails, skips or passes as the gate decides, with the gate's own lines; bad input is one line."""
+
+import sys
+
+import pytest
+
+from adaptguard.testing import GateInputError, assert_compatible, take_checked
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compare_imported():
+    """compare's modules imported here first: pytester's in-process runs drop the modules each run imported, and
+    numpy's and scipy's extensions cannot be loaded twice in one process."""
+    assert_compatible("example:fp32", "example:int8", "nfr>50%")
+    take_checked()  # not a gate of this suite's
+
+BREACH = ("bb_general_knowledge: nfr = 28.99% > 10.00% (p = 8.87e-06, exact one-sided binomial on the item counts; "
+          "90 % interval 20.11% to 39.27%)  [nfr>10%]")
+UNDECIDED = ("bb_general_knowledge: nfr = 28.99% ≤ 30.00% but not shown below it (p = 0.486 ≥ α, exact one-sided "
+             "binomial on the item counts; 90 % interval 20.11% to 39.27%; at the rate seen, about 5,658 items would "
+             "decide it)  [nfr>30%]")
+BAD_RULE = "adaptguard: --fail-on 'nfr>10': nfr is a rate (the table prints it in %): write 10% or 0.1"
+
+SUITE = """
+from adaptguard.testing import assert_compatible
+
+def test_breach():
+    assert_compatible("example:fp32", "example:int8", "nfr>10%")
+
+def test_undecided_fails():
+    assert_compatible("example:fp32", "example:int8", "nfr>30%")
+
+def test_undecided_skips():
+    assert_compatible("example:fp32", "example:int8", "nfr>30%", undecided="skip")
+
+def test_undecided_passes():
+    assert_compatible("example:fp32", "example:int8", "nfr>30%", undecided="pass")
+
+def test_clear():
+    gate = assert_compatible("example:fp32", "example:int8", "nfr>50%")
+    assert [d["decision"] for d in gate["decisions"]] == ["clear", "clear"]
+"""
+
+
+def failure(result, name: str) -> list[str]:
+    """The lines of one test's failure section (between its ____ header and the next)."""
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if line.startswith("_") and f" {name} " in line)
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith(("_", "=")))
+    return [line for line in lines[start + 1:end] if line.strip()]
+
+
+def test_each_decision_fails_skips_or_passes_the_test_with_the_gates_lines(pytester):
+    pytester.makepyfile(test_gates=SUITE)
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(failed=2, skipped=1, passed=2)
+    breach = failure(result, "test_breach")
+    assert "E       AssertionError: gate: FAILED, a breach the data support (2 breach, 0 undecided, 0 clear); breach: its " \
+           "one-sided test at p < 0.05; clear: the opposite test at p < 0.05:" in breach
+    assert f"E         breach: {BREACH}" in breach
+    assert "E       AssertionError: gate: UNDECIDED, no breach but not every threshold could be decided (0 breach, 1 " \
+           "undecided, 1 clear); breach: its one-sided test at p < 0.05; clear: the opposite test at p < 0.05:" \
+           in failure(result, "test_undecided_fails")
+    # the skip names the test's line (not the library's) and says how far the data reach
+    assert f"SKIPPED [1] test_gates.py:10: undecided: {UNDECIDED}" in result.stdout.lines
+    # every gate checked, in the order run, with its decision and what it did to the test
+    section = result.stdout.lines[result.stdout.lines.index(next(x for x in result.stdout.lines if "adaptguard gates" in x)) + 1:]
+    assert section[:5] == [
+        "test_gates.py::test_breach: [nfr>10%] example:fp32 → example:int8: breach (2 breach, 0 undecided, 0 clear), failed",
+        "test_gates.py::test_undecided_fails: [nfr>30%] example:fp32 → example:int8: undecided (0 breach, 1 undecided, "
+        "1 clear), failed",
+        "test_gates.py::test_undecided_skips: [nfr>30%] example:fp32 → example:int8: undecided (0 breach, 1 undecided, "
+        "1 clear), skipped",
+        "test_gates.py::test_undecided_passes: [nfr>30%] example:fp32 → example:int8: undecided (0 breach, 1 undecided, "
+        "1 clear), passed",
+        "test_gates.py::test_clear: [nfr>50%] example:fp32 → example:int8: clear (0 breach, 0 undecided, 2 clear), passed",
+    ]
+
+
+def test_the_options_point_the_fixtures_at_the_runs(pytester):
+    pytester.makepyfile(test_suite="""
+        def test_int8(adaptguard_gate):
+            adaptguard_gate("nfr>30%")
+
+        def test_int8_clear(adaptguard_gate, adaptguard_old, adaptguard_new):
+            assert (adaptguard_old, adaptguard_new) == ("example:fp32", "example:int8")
+            adaptguard_gate("nfr>50%")
+    """)
+    runs = ["--adaptguard-old", "example:fp32", "--adaptguard-new", "example:int8"]
+    pytester.runpytest(*runs).assert_outcomes(failed=1, passed=1)  # undecided fails by default
+    pytester.runpytest(*runs, "--adaptguard-undecided", "skip").assert_outcomes(skipped=1, passed=1)
+    pytester.runpytest(*runs, "--adaptguard-undecided=pass").assert_outcomes(passed=2)
+    # no runs given: the gate tests skip, saying what to give
+    result = pytester.runpytest("-rs", "--adaptguard-new", "example:int8")
+    result.assert_outcomes(skipped=2)
+    assert [line for line in result.stdout.lines if line.startswith("SKIPPED")] == [
+        f"SKIPPED [1] test_suite.py:{n}: no --adaptguard-old given: give the old model's run to check this gate" for n in (1, 4)]
+
+
+def test_a_bad_rule_and_a_missing_run_fail_in_one_line(pytester, tmp_path):
+    missing = tmp_path / "no_such_run"
+    pytester.makepyfile(test_bad=f"""
+        from adaptguard.testing import assert_compatible
+
+        def test_bad_rule():
+            assert_compatible("example:fp32", "example:int8", "nfr>10")
+
+        def test_missing_run():
+            assert_compatible("example:fp32", {str(missing)!r}, "nfr>10%")
+    """)
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=2)
+    assert failure(result, "test_bad_rule") == [f"test_bad.py:4: {BAD_RULE}"]
+    assert failure(result, "test_missing_run") == [f"test_bad.py:7: adaptguard: {missing}: no such file or directory"]
+    assert (f"test_bad.py::test_bad_rule: [nfr>10] example:fp32 → example:int8: bad input: "
+            f"{BAD_RULE.removeprefix('adaptguard: ')}") in result.stdout.lines
+
+
+def test_assert_compatible_reads_what_compare_reads(tmp_path):
+    """Replicate runs (a list, or RUN1,RUN2 as on the command line) and compare's options go through compare's own
+    code path: excess_nfr, which compare refuses without replicates, is decided; a task glob restricts the gate."""
+    import shutil
+
+    from adaptguard.compat.runs import example_run_path
+
+    for copy, run in (("a", "fp32"), ("b", "fp32"), ("c", "int8")):  # two reruns of the old model, as a seed pair
+        shutil.copytree(example_run_path(f"example:{run}"), tmp_path / copy)
+    a, b, c = (str(tmp_path / x) for x in "abc")
+    for old in ([a, b], f"{a},{b}"):
+        gate = assert_compatible(old, c, "excess_nfr>50%")
+        assert [(d["task"], d["decision"]) for d in gate["decisions"]] == [
+            ("bb_date_understanding", "clear"), ("bb_general_knowledge", "clear")]
+    with pytest.raises(GateInputError) as err:
+        assert_compatible(a, c, "excess_nfr>50%")
+    assert str(err.value).startswith("adaptguard: --fail-on 'excess_nfr>50%': excess_nfr needs replicate runs")
+    gate = assert_compatible("example:fp32", "example:int8", ["nfr>50%"], tasks="bb_general_*")
+    assert [d["task"] for d in gate["decisions"]] == ["bb_general_knowledge"]
+    with pytest.raises(GateInputError) as err:
+        assert_compatible("example:fp32", "example:int8", "nfr>50%", undecided="maybe")
+    assert str(err.value) == "adaptguard: undecided='maybe': give one of fail, skip, pass"
+    with pytest.raises(TypeError, match="unknown option colour"):
+        assert_compatible("example:fp32", "example:int8", "nfr>50%", colour="red")
+    take_checked()  # this test's gates are not the suite's
+
+
+def test_importing_adaptguard_does_not_import_pytest(tmp_path):
+    import subprocess
+
+    code = "import sys, adaptguard, adaptguard.testing; print('pytest' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
