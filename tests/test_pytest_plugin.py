@@ -153,3 +153,24 @@ def test_importing_adaptguard_does_not_import_pytest(tmp_path):
     code = "import sys, adaptguard, adaptguard.testing; print('pytest' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.slow  # two pytest workers started: about 10 s
+def test_the_section_lists_the_workers_gates_under_xdist(pytester):
+    """Each gate's line travels on its test's report from the worker that ran it."""
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_split="""
+        from adaptguard.testing import assert_compatible
+
+        def test_one():
+            assert_compatible("example:fp32", "example:int8", "nfr>50%")
+
+        def test_two():
+            assert_compatible("example:fp32", "example:int8", "nfr>30%", undecided="pass")
+    """)
+    result = pytester.runpytest("-n", "2")
+    result.assert_outcomes(passed=2)
+    section = result.stdout.lines[result.stdout.lines.index(next(x for x in result.stdout.lines if "adaptguard gates" in x)) + 1:]
+    assert sorted(section[:2]) == [
+        "test_split.py::test_one: [nfr>50%] example:fp32 → example:int8: clear (0 breach, 0 undecided, 2 clear), passed",
+        "test_split.py::test_two: [nfr>30%] example:fp32 → example:int8: undecided (0 breach, 1 undecided, 1 clear), passed"]
