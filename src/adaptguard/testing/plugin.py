@@ -70,16 +70,16 @@ def adaptguard_gate(adaptguard_old: str, adaptguard_new: str, request: pytest.Fi
     return gate
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(hookwrapper=True)  # the old style: pytest 7 has no wrapper=True, and this plugin loads in every run
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     # the gates this phase checked go on the item's properties before its report is made from them
     item.user_properties.extend((KEY, line) for line in take_checked())
-    report = yield
+    outcome = yield
+    report = outcome.get_result()
     if call.excinfo is not None and call.excinfo.errisinstance(GateInputError):  # one line, at the test's line
         entry = next((e for e in reversed(call.excinfo.traceback) if Path(e.path) == item.path), None)
         where = f"{item.location[0]}:{entry.lineno + 1}" if entry is not None else item.nodeid
         report.longrepr = f"{where}: {call.excinfo.value}"
-    return report
 
 
 class GateReport:
