@@ -56,13 +56,13 @@ def _evaluate(ns: argparse.Namespace) -> int:
     for d in ns.include_path or []:
         if not Path(d).is_dir():
             raise ValueError(f"--include-path {d}: no such directory")
-    check_thresholds(ns.fail_on)
+    check_thresholds(ns.fail_on, ns.design)
     # the folder's lock before the model loads: a second run on it at once is refused at once
     with output_lock(out), tempfile.TemporaryDirectory(prefix="adaptguard-evaluate-tasks-") as tmp:
         lm = load_lm(ns.model, ns.model_args, ns.batch_size, ns.device)
         include = gathered_include_path([*map(Path, ns.include_path or []), *lm_eval_task_dirs()], Path(tmp))
         gate = evaluate_until_decided(ns.baseline, out, lm, ns.fail_on, tasks=tasks, alpha=ns.significance,
-                                      chunk=ns.chunk, seed=ns.seed, locked=True,
+                                      chunk=ns.chunk, seed=ns.seed, locked=True, design=ns.design,
                                       task_manager=task_manager(include, tasks or sorted(base)))
     print(describe(gate))
     print(f"run: {out} (lm-eval samples and {out / 'sequential.json'}; `adaptguard compare {ns.baseline} {out}` "
@@ -91,7 +91,11 @@ def add(sub) -> None:
     ev.add_argument("--chunk", type=positive_int, default=50, help="items per task between two looks (default 50)")
     ev.add_argument("--seed", type=int, default=0, help="the seed of each task's item order (default 0)")
     ev.add_argument("--significance", type=significance, default=DEFAULT_ALPHA, metavar="ALPHA",
-                    help="α of every anytime-valid test (default 0.05)")
+                    help="α of every sequential test (default 0.05)")
+    ev.add_argument("--design", choices=("group", "anytime"), default="group",
+                    help="group (default): only the items that can change a threshold, group-sequential over the "
+                    "baseline's known items, the last look compare's fixed-n test; anytime: every item in random "
+                    "order, anytime-valid e-processes (needed for overall: thresholds)")
     ev.add_argument("--batch-size", default=1, help="lm-eval batch size (default 1)")
     ev.add_argument("--device", default=None, help="lm-eval device, e.g. cuda:0 (default: cuda where there is one, "
                     "else cpu)")

@@ -22,7 +22,7 @@ from .formats import read_runs
 from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
 from .replicates import chance_rate, items_beyond_noise, replicate_flips
 from .runs import RunError, Sample, TaskRun
-from .sequential import load_record, restrict, sequential_entry
+from .sequential import group_view, load_record, restrict, sequential_entry
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
 
@@ -224,7 +224,18 @@ def _is_churn(entry: Mapping, samples: list, alpha: float) -> dict | None:
                          [s.target for s in samples] if fixed else list(range(len(samples))))
     n = entry["n"]
     guess = sum(1 / s.n_choices for s in samples) / len(samples)
-    return churn(entry["old_acc"] * n, entry["new_acc"] * n, entry["n_negative_flips"], n, chance, guess, alpha)
+    # a new accuracy not measured (a group-sequential run of one stratum) shows nothing below chance
+    new = n if entry.get("new_acc") is None else entry["new_acc"] * n
+    flips = entry.get("n_negative_flips")
+    return churn(entry["old_acc"] * n, new, 0 if flips is None else flips, n, chance, guess, alpha)
+
+
+def _baseline_samples(old: dict, task: str, filt: str, entry, record: dict | None) -> list:
+    """The old samples a task's churn test reads: the compared items, or all the baseline's for a group-sequential
+    run (its items are chosen by the old model's answers, so they say nothing of its chance level)."""
+    if record is None or (entry.metrics.get("sequential") or {}).get("design") != "group":
+        return entry.samples[0]
+    return [s for (f, _), s in old[task].samples.items() if f == filt]
 
 
 def _metric_for(metric: str | dict[str, str] | None, task: str) -> str | None:
@@ -330,10 +341,13 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
                         _pair_means(entry.metrics, o, n)
                         entry.metrics["items"] = items_beyond_noise(o, n, q=alpha)
                         entry.run_samples = ([entry.samples[0], *samples_o], [entry.samples[1], *samples_n])
-                    entry.metrics["churn"] = _is_churn(entry, entry.samples[0], alpha)
                     if record is not None:
                         entry.metrics["sequential"] = sequential_entry(record, task, base[task], new[task],
                                                                        entry["metric"])
+                        # the group design evaluated only some strata: the values over all N items, as known
+                        entry.metrics.update(group_view(entry.metrics["sequential"]))
+                    entry.metrics["churn"] = _is_churn(entry, _baseline_samples(old, task, filt, entry, record),
+                                                       alpha)
                 name = task if len(per_filter) == 1 else f"{task},{filt}"
                 mine[name if len(candidates) == 1 else f"{name} [{label}]"] = entry
         for name, regression in flag_regressions(mine, alpha, include_churn).items():

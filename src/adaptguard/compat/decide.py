@@ -184,6 +184,8 @@ def p_beyond(entry: Mapping, metric: str, threshold: float, op: str) -> float:
 
     greater = op == ">"
     if "sequential" in entry:  # evaluated until decided: valid at every look, not only at a fixed n
+        if entry["sequential"].get("design") == "group":
+            return _group_p(entry, metric, threshold, op)
         return anytime_p(entry, metric, threshold, op)
     if replicated(entry):
         estimate, se, df = _run_level(entry, metric)
@@ -208,7 +210,7 @@ def interval(entry: Mapping, metric: str, alpha: float) -> tuple[float, float] |
     from .replicates import t_quantile
 
     if "sequential" in entry:
-        return anytime_bounds(entry, metric, alpha)
+        return None if entry["sequential"].get("design") == "group" else anytime_bounds(entry, metric, alpha)
     if replicated(entry):
         if metric not in RUN_LEVEL_METRICS or metric == "acc_drop":
             return None
@@ -295,6 +297,8 @@ def decide_threshold(name: str, entry: Mapping, t, alpha: float | None) -> dict:
     """One (task, threshold) decided (module docstring): `decision` ∈ DECISIONS, `why`, `p_value` (of the breach
     test), `p_within` (of the clear test), `interval` and `level` (the decision's), `mde` / `items_needed` (how far the
     data reach, where undecided), `test`. With `alpha` None, raw values compared (no test)."""
+    if alpha is not None and (entry.get("sequential") or {}).get("design") == "group":
+        return decide_group(name, entry, t, alpha)
     v = value(entry, t.metric)
     base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": v}
     side = relation(entry, t.metric, _exact(t))
@@ -532,6 +536,28 @@ def drop_e_process(x, margin: float, greater: bool, bets: int = 24):
     return np.exp(np.minimum(top[:, 0] + np.log(np.exp(log_wealth - top).mean(1)), 700.0))
 
 
+def agrapa_e_process(x, margin: float, greater: bool):
+    """The betting e-process of `drop_e_process` with one adaptive bet instead of the grid: aGRAPA (Waudby-Smith &
+    Ramdas 2024, §B.2), λ_i = (μ̂ − m)/(σ̂² + (μ̂ − m)²) on the side tested, from the items before i only (a
+    predictable bet: the wealth stays a nonnegative martingale of mean ≤ 1 under H0), cut to [0, 0.9 / (1 ± m)].
+    Returns the wealth after each item, (n,)."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=float)
+    if abs(margin) >= 1:
+        return drop_e_process(x, margin, greater)
+    sign = 1.0 if greater else -1.0
+    reach = 1 / (1 + margin) if greater else 1 / (1 - margin)
+    t = np.arange(1, len(x) + 1)
+    past = np.concatenate([[0.0], np.cumsum(x)[:-1]])
+    past_sq = np.concatenate([[0.0], np.cumsum(x * x)[:-1]])
+    mean = past / t  # the items before i, shrunk toward 0 by one pseudo-item
+    var = np.maximum((0.25 + past_sq - (t - 1) * mean ** 2) / t, 1e-4)
+    edge = sign * (mean - margin)
+    lam = np.clip(edge / (var + edge ** 2), 0.0, 0.9 * reach)
+    return np.exp(np.minimum(np.cumsum(np.log1p(lam * sign * (x - margin))), 700.0))
+
+
 def _sequences(entry: Mapping, metric: str) -> tuple[list[int], list[int]]:
     """(successes, trials) of `metric` after each look of a sequential entry."""
     import numpy as np
@@ -589,3 +615,231 @@ def anytime_bounds(entry: Mapping, metric: str, alpha: float) -> tuple[float, fl
             else:
                 hi = min(hi, b)
     return lo, hi
+
+
+# ---------------------------------------------------------------- group-sequential over the known pool (evaluate)
+def _group_looks(entry: Mapping) -> list[dict]:
+    """Per look of a group-sequential entry: items done (n), of them old-right (n_r) and old-wrong (n_w), the
+    right → wrong flips among the first (b) and the wrong → right among the second (c)."""
+    import numpy as np
+
+    s = entry["sequential"]
+    old, new = np.asarray(s["old"], bool), np.asarray(s["new"], bool)
+    out = []
+    for n in s["looks"]:
+        o, w = old[:n], new[:n]
+        out.append({"n": n, "n_r": int(o.sum()), "n_w": int(n - o.sum()), "b": int((o & ~w).sum()),
+                    "c": int((~o & w).sum())})
+    return out
+
+
+def _rate_pool(metric: str, greater: bool, big_n: int, m_r: int, m_w: int, theta: float):
+    """A rate threshold's side as a "count > θ′" test over one stratum: (stratum, count at a look, offset, items of
+    the fixed-n test, θ′) — the fixed-n test rejects for offset + count of the stratum large (`group_sequential`)."""
+    if metric == "nfr":
+        return ("R", lambda x: x["b"], 0, big_n, theta) if greater else \
+            ("R", lambda x: x["n_r"] - x["b"], big_n - m_r, big_n, 1 - theta)
+    if metric == "pfr":
+        return ("W", lambda x: x["c"], 0, big_n, theta) if greater else \
+            ("W", lambda x: x["n_w"] - x["c"], big_n - m_w, big_n, 1 - theta)
+    # btc: over the items the old model got right
+    return ("R", lambda x: x["n_r"] - x["b"], 0, m_r, theta) if greater else ("R", lambda x: x["b"], 0, m_r, 1 - theta)
+
+
+def _full_entry(entry: Mapping, last: dict) -> dict:
+    """The fixed-n entry of all N items once the strata a metric needs are done: the items left out count what they
+    must (no right → wrong flip among the old-wrong ones, no wrong → right among the old-right ones); the counts of a
+    stratum not evaluated are None."""
+    s = entry["sequential"]
+    big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
+    b = last["b"] if last["n_r"] == m_r else None
+    c = last["c"] if last["n_w"] == m_w else None
+    new_acc = None if b is None or c is None else (m_r - b + c) / big_n
+    return {"n": big_n, "old_acc": m_r / big_n, "new_acc": new_acc, "n_negative_flips": b, "n_positive_flips": c,
+            "nfr": None if b is None else b / big_n, "pfr": None if c is None else c / big_n,
+            "btc": None if b is None or not m_r else (m_r - b) / m_r}
+
+
+def group_estimate(entry: Mapping, metric: str) -> float | None:
+    """The metric over all N items as estimated at the last look (each stratum's rate so far times its known size;
+    exact once the strata it needs are done); None where a stratum it needs has no item yet."""
+    s = entry["sequential"]
+    big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
+    x = _group_looks(entry)[-1] if s["looks"] else {"n": 0, "n_r": 0, "n_w": 0, "b": 0, "c": 0}
+    flips = x["b"] / x["n_r"] * m_r if x["n_r"] else (0.0 if m_r == 0 else None)
+    fixes = x["c"] / x["n_w"] * m_w if x["n_w"] else (0.0 if m_w == 0 else None)
+    if metric == "old_acc":
+        return m_r / big_n
+    if metric in ("nfr", "btc"):
+        return None if flips is None else (flips / big_n if metric == "nfr" else (1 - flips / m_r if m_r else None))
+    if metric == "pfr":
+        return None if fixes is None else fixes / big_n
+    if flips is None or fixes is None:
+        return None
+    return (flips - fixes) / big_n if metric == "acc_drop" else (m_r - flips + fixes) / big_n
+
+
+def _rate_side(entry: Mapping, metric: str, theta: float, greater: bool, alpha: float, looks: list[dict]):
+    """The first look (index) at which the rate design's side crosses, its stagewise p there (else the smallest
+    nominal p seen, never below α), and the stratum's looks."""
+    from scipy.stats import binom
+
+    from .group_sequential import final_cut, rate_boundaries, rate_size
+
+    s = entry["sequential"]
+    big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
+    stratum, count, offset, n_final, th = _rate_pool(metric, greater, big_n, m_r, m_w, theta)
+    pool = m_r if stratum == "R" else m_w
+    done = "n_r" if stratum == "R" else "n_w"
+    seen, counts, where = [], [], []
+    for i, x in enumerate(looks):  # the stratum's own looks: where it advanced
+        if x[done] > (seen[-1] if seen else 0) and x[done] < pool:
+            seen.append(x[done])
+            counts.append(count(x))
+            where.append(i)
+    if not seen:
+        return None, 1.0
+    q0 = (th * n_final - offset) / pool
+    cut = final_cut(offset, n_final, th, alpha, pool)
+    bounds = rate_boundaries(seen, pool, q0, cut, alpha)
+    for j, (k, b) in enumerate(zip(counts, bounds)):
+        if k >= b:  # stagewise p: an earlier crossing, or this look's count or more
+            before = rate_size(seen[:j], pool, q0, None, bounds[:j])
+            return where[j], min(alpha, before + _first_passage_tail(seen[: j + 1], bounds[:j], q0, k))
+    nominal = binom.sf(counts[-1] - 1, seen[-1], min(1.0, max(0.0, q0)))
+    return None, max(alpha, float(nominal))
+
+
+def _first_passage_tail(looks: list[int], bounds: list[float], q0: float, k: int) -> float:
+    """P(no crossing at looks[:-1], count ≥ k at looks[-1]) for i.i.d. Bernoulli(q0) items."""
+    import numpy as np
+    from scipy.stats import binom
+
+    dist, done = np.array([1.0]), 0
+    for n, b in zip(looks[:-1], bounds):
+        dist = np.convolve(dist, binom.pmf(np.arange(n - done + 1), n - done, min(1.0, max(0.0, q0))))[: n + 1]
+        done = n
+        if math.isfinite(b):
+            dist[int(b):] = 0.0
+    n = looks[-1]
+    dist = np.convolve(dist, binom.pmf(np.arange(n - done + 1), n - done, min(1.0, max(0.0, q0))))[: n + 1]
+    return float(dist[k:].sum())
+
+
+def _score_side(entry: Mapping, metric: str, theta: float, greater: bool, alpha: float, looks: list[dict]):
+    """The first early look at which the score test's side crosses its O'Brien–Fleming boundary (ε = α/5 spent),
+    and the α spent by then (else the smallest nominal p seen, never below α)."""
+    from scipy.stats import norm
+
+    from .group_sequential import EARLY_SHARE, obf_spent, z_boundaries
+    from .metrics import tango_z
+
+    s = entry["sequential"]
+    big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
+    where = [i for i, x in enumerate(looks) if 0 < x["n"] and (x["n_r"] < m_r or x["n_w"] < m_w)]
+    early = [looks[i] for i in where]
+    if not early:
+        return None, 1.0
+    eps = EARLY_SHARE * alpha
+    times = tuple(x["n"] / big_n for x in early)
+    bounds = z_boundaries(times, eps)
+    zs = []
+    for x in early:
+        if metric == "acc_drop":
+            z = float(tango_z(x["b"], x["c"], x["n"], theta))
+        else:  # new_acc: the binomial score of the items so far
+            k = x["n_r"] - x["b"] + x["c"]
+            z = (k / x["n"] - theta) / math.sqrt(theta * (1 - theta) / x["n"]) if 0 < theta < 1 else 0.0
+        zs.append((z if greater else -z) if math.isfinite(z) else 0.0)
+    for j, (z, h) in enumerate(zip(zs, bounds)):
+        if z >= h:
+            return where[j], obf_spent(times[j], eps)
+        if _certain(entry, metric, theta, greater, alpha, early[j]):
+            return where[j], alpha
+    return None, max(alpha, float(norm.sf(zs[-1])))
+
+
+def _certain(entry: Mapping, metric: str, theta: float, greater: bool, alpha: float, x: dict) -> bool:
+    """Deterministic curtailment: whether `compare`'s fixed-n test on all N items rejects on this side whatever the
+    items not yet evaluated hold (their least favourable answers: every old-right item left kept, every old-wrong
+    one fixed, for a breach of "> θ"). It adds nothing to the size."""
+    s = entry["sequential"]
+    big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
+    left_r, left_w = m_r - x["n_r"], m_w - x["n_w"]
+    low_drop = (x["b"], x["c"] + left_w)  # the smallest final drop (the highest new accuracy), and the largest:
+    high_drop = (x["b"] + left_r, x["c"])
+    b, c = low_drop if greater == (metric == "acc_drop") else high_drop
+    worst = {"n": big_n, "old_acc": m_r / big_n, "new_acc": (m_r - b + c) / big_n, "n_negative_flips": b,
+             "n_positive_flips": c}
+    v = value(worst, metric)
+    if not (v > theta if greater else v < theta):  # not even beyond θ: no test rejects (the exact call skipped)
+        return False
+    return p_beyond(worst, metric, theta, ">" if greater else "<") < alpha
+
+
+def group_stop(entry: Mapping, t, alpha: float) -> tuple[str, int | None, dict]:
+    """Where a group-sequential entry's (task, threshold) stops: (decision, the index of the look that decided it or
+    None, the sides' p-values). A side whose early boundary a look crossed decides at the first such look (it stays
+    so, whatever later looks add: the run stopped there); else, once the strata the metric needs are done,
+    `compare`'s fixed-n decision on all N items (the items left out counting what they must); else undecided."""
+    s = entry["sequential"]
+    looks = _group_looks(entry)
+    m_r, m_w = s["strata"]["R"], s["strata"]["W"]
+    need = {"nfr": "R", "btc": "R", "pfr": "W", "old_acc": ""}.get(t.metric, "RW")
+    complete = [i for i, x in enumerate(looks) if all(x["n_" + k.lower()] == (m_r if k == "R" else m_w) for k in need)]
+    if not need:
+        complete = [None]  # old_acc: the baseline alone decides it
+    early = looks[: complete[0]] if complete and complete[0] is not None else looks
+    flip = "<" if t.op == ">" else ">"
+    side = _rate_side if need in ("R", "W") else _score_side
+    towards = side(entry, t.metric, float(t.value), t.op == ">", alpha, early) if early else (None, 1.0)
+    within = side(entry, t.metric, float(t.value), flip == ">", alpha, early) if early else (None, 1.0)
+    ps = {"p_value": towards[1], "p_within": within[1]}
+    first = [(j, d) for (j, _), d in ((towards, "breach"), (within, "clear")) if j is not None]
+    if first:
+        j, decision = min(first, key=lambda x: (x[0], x[1] != "breach"))
+        return decision, j, ps
+    if complete:
+        last = looks[complete[0]] if complete[0] is not None else {"n": 0, "n_r": 0, "n_w": 0, "b": 0, "c": 0}
+        full = decide_threshold("", _full_entry(entry, last), t, alpha)
+        return full["decision"], complete[0], {"p_value": full["p_value"], "p_within": full["p_within"], "full": full}
+    return "undecided", None, ps
+
+
+def decide_group(name: str, entry: Mapping, t, alpha: float) -> dict:
+    """One (task, threshold) of a group-sequential entry (`group_sequential`'s design; where it stops: `group_stop`)."""
+    s = entry["sequential"]
+    big_n = s["items"]
+    decision, _, ps = group_stop(entry, t, alpha)
+    if "full" in ps:
+        full = ps["full"]
+        return {**full, "task": name,
+                "test": f"{full['test']} on all {big_n} items, once the items that can change it were done"}
+    need = {"nfr": "R", "btc": "R", "pfr": "W"}.get(t.metric, "RW")
+    kind = "exact binomial boundaries" if need in ("R", "W") else "score boundaries, O'Brien–Fleming α/5"
+    k = len(s["looks"])
+    test = (f"group-sequential over the {big_n} items ({kind} at {k} {'look' if k == 1 else 'looks'}; at the last, "
+            "compare's fixed-n test)")
+    v = group_estimate(entry, t.metric)
+    base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": v, **ps,
+            "test": test, "interval": None, "level": None, "mde": None, "items_needed": None, "decision": decision}
+    if decision == "breach":
+        return {**base, "why": "the data support it"}
+    if decision == "clear":
+        return {**base, "why": "the data show it within the threshold"}
+    side = 0 if v is None else (v > float(t.value)) - (v < float(t.value))
+    return {**base, "why": _undecided_why(side, t.op)}
+
+
+def _group_p(entry: Mapping, metric: str, threshold: float, op: str) -> float:
+    """A group-sequential entry's p-value outside its thresholds' decisions (the regression flag, the tests across
+    tasks): the fixed-n test on all N items once the strata `metric` needs are done, else 1 (no claim)."""
+    s = entry["sequential"]
+    looks = _group_looks(entry)
+    if not looks:
+        return 1.0
+    last = looks[-1]
+    need = {"nfr": "R", "btc": "R", "pfr": "W", "old_acc": ""}.get(metric, "RW")
+    if any(last["n_" + x.lower()] < s["strata"][x] for x in need):
+        return 1.0
+    return p_beyond(_full_entry(entry, last), metric, threshold, op)

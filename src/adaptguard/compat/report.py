@@ -113,7 +113,8 @@ def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]
     for name, e in report.tasks.items():
         r = e.get("replicates") or {}
         reg = e.get("regression") or {}
-        acc = "–" if e.get("old_acc") is None else f"{100 * e['old_acc']:.1f} → {100 * e['new_acc']:.1f}"
+        acc = "–" if e.get("old_acc") is None else f"{100 * e['old_acc']:.1f} → " + \
+            ("–" if e.get("new_acc") is None else f"{100 * e['new_acc']:.1f}")  # not measured: a group-sequential run
         nfr_ci = interval(e, "nfr", alpha) if e.get("n_negative_flips") is not None else None
         row = [name, str(e["n"]), acc, _pct(e.get("nfr"), e.get("n_negative_flips")), _fmt(nfr_ci, True),
                _pct(e.get("pfr"), e.get("n_positive_flips")), _pct(e.get("inconsistency_flips")), _pct(e.get("btc"))]
@@ -180,6 +181,10 @@ def _task_facts(name: str, e: Mapping) -> str:
         return f"{name}: smooth NFR {_pct(e.get('smooth_nfr'))} %, smooth PFR {_pct(e.get('smooth_pfr'))} % " \
                f"({e.get('similarity')})."
     r = e.get("replicates") or {}
+    if e.get("new_acc") is None:  # a group-sequential run of one stratum: the new model's accuracy not measured
+        rates = "; ".join(f"{k.upper()} {_pct(e[k])} %" for k in ("nfr", "pfr") if e.get(k) is not None)
+        return (f"{name}: old accuracy {100 * e['old_acc']:.1f} %; {rates} (the new model's accuracy was not "
+                "measured: only the items that can flip were evaluated).")
     acc = f"accuracy {100 * e['old_acc']:.1f} → {100 * e['new_acc']:.1f} % ({100 * (e['new_acc'] - e['old_acc']):+.1f} points)"
     if not (r and not r["runs_fixed"]):
         broke, fixed = round(e["n_negative_flips"]), round(e["n_positive_flips"])
@@ -423,7 +428,7 @@ def no_gate_line(report: Comparison) -> str:
         out += f"The data support no regression on any of the {len(report.tasks)} tasks (after BH)."
     if across:
         out += " Across tasks, they support an accuracy drop."
-    rated = [(e["nfr"], n, e) for n, e in report.tasks.items() if e.get("nfr") is not None]
+    rated = [(e["nfr"], n, e) for n, e in report.tasks.items() if e.get("nfr") is not None and e.get("new_acc") is not None]
     if rated:
         nfr, name, e = max(rated, key=lambda x: x[0])
         out += (f" Largest NFR: {name}, {100 * nfr:.1f} % of the items broke (accuracy "

@@ -1,6 +1,8 @@
 """The record of a run evaluated until decided (`adaptguard evaluate`, driven by `until_decided`), as `compare`
-reads it: `sequential.json` beside the run's lm-eval samples holds each task's seeded document order, the documents
-done and the looks; `compare` cuts the baseline to those documents and decides with the anytime-valid tests."""
+reads it: `sequential.json` beside the run's lm-eval samples holds each task's design, its seeded document order,
+the documents done, the looks and the documents not evaluated (and why); `compare` cuts the baseline to those
+documents and decides with the design's tests: the group-sequential tests over the known pool (`group_sequential`,
+the default) or the anytime-valid e-processes (`--design anytime`)."""
 
 from __future__ import annotations
 
@@ -37,8 +39,42 @@ def sequential_entry(record: dict, task: str, old: TaskRun, new: TaskRun, metric
     t = record["tasks"][task]
     order = t["order"][: t["done"]]
     filt = old.filters[0]
-    return {"looks": t["looks"], "old": [int(old.samples[filt, d].metrics[metric]) for d in order],
-            "new": [int(new.samples[filt, d].metrics[metric]) for d in order], "seed": record["seed"]}
+    out = {"looks": t["looks"], "old": [int(old.samples[filt, d].metrics[metric]) for d in order],
+           "new": [int(new.samples[filt, d].metrics[metric]) for d in order], "seed": record["seed"]}
+    if t.get("design") == "group":
+        out.update(design="group", items=t["items"], strata=t["strata"])
+    return out
+
+
+# why an item is not evaluated, per stratum (old right: R, old wrong: W)
+NOT_NEEDED = {"R": "the old model got it right: it cannot flip wrong → right (pfr counts only items the old model "
+                   "got wrong)",
+              "W": "the old model got it wrong: it cannot flip right → wrong (nfr and btc count only items the old "
+                   "model got right)"}
+STRATA_OF = {"nfr": "R", "btc": "R", "pfr": "W", "acc_drop": "RW", "new_acc": "RW", "old_acc": ""}
+
+
+def needed_strata(metrics: list[str]) -> str:
+    """The strata ("R", "W", "RW" or "") the thresholds' metrics need (`STRATA_OF`)."""
+    need = set("".join(STRATA_OF[m] for m in metrics))
+    return "".join(s for s in "RW" if s in need)
+
+
+def group_plan(old_right: dict[int, bool], metrics: list[str], seed: int, task: str) -> dict:
+    """A task's group-sequential plan: the documents of the strata the metrics need, each stratum in its seeded
+    random order (`task_order`), two strata merged proportionally; the pool's sizes; the documents left out and
+    why. `old_right`: {doc id: whether the old model got it right}."""
+    from .group_sequential import proportional_order
+
+    docs = {"R": [d for d, r in old_right.items() if r], "W": [d for d, r in old_right.items() if not r]}
+    need = needed_strata(metrics)
+    orders = {s: task_order(docs[s], seed, f"{task}/{s}") for s in need}
+    order = proportional_order(orders["R"], orders["W"]) if need == "RW" else orders[need] if need else []
+    left = {s: sorted(docs[s]) for s in "RW" if s not in need and docs[s]}
+    why = NOT_NEEDED if need else dict.fromkeys("RW", "old_acc is the baseline's own accuracy: no new answer changes it")
+    return {"design": "group", "order": order, "items": len(old_right),
+            "strata": {"R": len(docs["R"]), "W": len(docs["W"])},
+            "not_evaluated": [{"why": why[s], "docs": d} for s, d in left.items()]}
 
 
 def task_order(doc_ids: list[int], seed: int, task: str) -> list[int]:
@@ -47,3 +83,20 @@ def task_order(doc_ids: list[int], seed: int, task: str) -> list[int]:
     return [int(d) for d in rng.permutation(sorted(doc_ids))]
 
 
+
+
+def group_view(seq: dict) -> dict:
+    """A group-sequential task's values over all N items as far as they are known (`compare` puts them in the
+    entry): the old accuracy from the baseline, each flip rate from its stratum's items so far scaled to the
+    stratum's known size (exact once it is done), and None for what was not measured — no new-model accuracy
+    without both strata, no NFR without the old-right items, no PFR without the old-wrong ones."""
+    if seq.get("design") != "group":
+        return {}
+    from .decide import group_estimate
+
+    entry = {"sequential": seq}
+    big_n, m_r = seq["items"], seq["strata"]["R"]
+    est = {m: group_estimate(entry, m) for m in ("nfr", "pfr", "btc", "new_acc")}
+    return {"n": big_n, "old_acc": m_r / big_n, **est, "nfr_ci": None, "pfr_ci": None,
+            "n_negative_flips": None if est["nfr"] is None else round(est["nfr"] * big_n, 6),
+            "n_positive_flips": None if est["pfr"] is None else round(est["pfr"] * big_n, 6)}

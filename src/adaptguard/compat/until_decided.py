@@ -1,8 +1,13 @@
 """Evaluate a new model through lm-eval only until the gate decides (`adaptguard evaluate`).
 
-Each task's documents are visited in a seeded random order, a chunk at a time (`simple_evaluate(...,
-samples={task: [doc indices]})`, the model loaded once); after each chunk every (task, threshold) is decided by the
-anytime-valid tests of `decide` (e-processes: valid however often one looks), a task stops when each of its
+Each task's documents are visited a chunk at a time (`simple_evaluate(..., samples={task: [doc indices]})`, the
+model loaded once). With the default design (`group`) only the documents that can change a threshold are visited:
+those the old model got right for `nfr`/`btc`, those it got wrong for `pfr`, both strata in proportion for
+`acc_drop`/`new_acc` (`sequential.group_plan`; the others are listed in the record as not evaluated, with why), each
+stratum in a seeded random order, and after each chunk every (task, threshold) is decided by the group-sequential
+tests over the known pool (`group_sequential`: α spent over the looks; the last look is `compare`'s fixed-n test on
+all items). With `design="anytime"` every document is visited in a seeded random order and decided by the
+anytime-valid tests of `decide` (e-processes: valid however often one looks, N not used). A task stops when each of its
 thresholds is decided (one left out so far, as a churn task's flips are, is not: more items may show the old model
 above chance), the run when every task has stopped or run out of documents. The output folder is an ordinary lm-eval
 `--log_samples` run (the samples evaluated so far) plus the record (`sequential.RECORD`) of the order and the looks:
@@ -19,7 +24,7 @@ from pathlib import Path
 
 from ..utils.files import atomic_write_text
 from .runs import RunError
-from .sequential import RECORD, load_record, task_order
+from .sequential import RECORD, group_plan, load_record, task_order
 
 
 def _write_samples(out: Path, task: str, stamp: str, samples: list[dict]) -> None:
@@ -47,7 +52,8 @@ def progress_line(task: str, t: dict, decisions: list[dict], left_out: list[dict
         else:
             seen += f" (p {min(d['p_value'], d['p_within']):.2g})"
         parts.append(f"{d['metric']} {seen} vs {100 * d['threshold']:g}%: {d['decision']}")
-    return f"{task}: {t['done']}/{len(t['order'])} items ({t['status']}); " + "; ".join(parts)
+    of = f" of {t['items']}" if t.get("items", len(t["order"])) != len(t["order"]) else ""  # the rest cannot flip
+    return f"{task}: {t['done']}/{len(t['order'])}{of} items ({t['status']}); " + "; ".join(parts)
 
 
 @contextlib.contextmanager
@@ -76,14 +82,31 @@ def _lm_eval_quietly(seen: set[str]):
                     print(line, file=sys.stderr)
 
 
-def check_thresholds(thresholds: list) -> None:
-    """Refuse a threshold without an anytime-valid test (before any model is loaded)."""
-    from .decide import SEQUENTIAL_METRICS
+DESIGNS = ("group", "anytime")
 
+
+def check_thresholds(thresholds: list, design: str = "group") -> None:
+    """Refuse a threshold without a sequential test of the design, and an unknown design (before any model is
+    loaded)."""
+    from .decide import SEQUENTIAL_METRICS
+    from .gate import ACROSS
+
+    if design not in DESIGNS:
+        raise RunError(f"--design {design!r}: give one of {', '.join(DESIGNS)}")
     for t in thresholds:
         if t.metric not in SEQUENTIAL_METRICS:
             raise RunError(f"--fail-on {t.expr!r}: evaluate decides {', '.join(SEQUENTIAL_METRICS[:-1])} and "
                            f"{SEQUENTIAL_METRICS[-1]} (anytime-valid tests); use compare on finished runs for the others")
+        if design == "group" and t.tasks == ACROSS:
+            raise RunError(f"--fail-on {t.expr!r}: the group-sequential design decides each task on its own; give "
+                           "--design anytime for a threshold across tasks")
+
+
+def _metrics_of(task: str, thresholds: list) -> list[str]:
+    """The metrics of the thresholds that apply to `task`."""
+    from fnmatch import fnmatchcase
+
+    return [t.metric for t in thresholds if fnmatchcase(task, t.tasks)]
 
 
 LOCK = ".adaptguard-evaluate.lock"  # in the output folder, held for a whole run (compare reads samples_*, results_*)
@@ -134,9 +157,10 @@ def _check_folder(out: Path, settings: dict) -> dict | None:
 
 def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds: list, *, tasks: list[str] | None
                            = None, alpha: float = 0.05, chunk: int = 50, seed: int = 0, task_manager=None,
-                           say=print, locked: bool = False) -> dict:
+                           say=print, locked: bool = False, design: str = "group") -> dict:
     """Evaluate `lm` (an lm-eval model instance, loaded once) on the baseline's tasks until every threshold is decided
-    (module docstring), holding the output folder's lock (`output_lock`; `locked`: the caller holds it already).
+    (module docstring; `design` "group" or "anytime"), holding the output folder's lock (`output_lock`; `locked`:
+    the caller holds it already).
     Returns the gate (`gate.check_gate`) of the final state. Raises `RunError`/`GateError` for bad input before
     anything is evaluated or written, and while another run holds the folder."""
     from .formats import read_runs
@@ -152,12 +176,27 @@ def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds
         if len(base[task].filters) != 1:
             raise RunError(f"{baseline}: task {task!r} was logged with several filters ({base[task].filters}); "
                            "evaluate takes one filter per task")
-    check_thresholds(thresholds)
+    check_thresholds(thresholds, design)
     settings = {"baseline": str(Path(baseline).resolve()), "thresholds": [t.expr for t in thresholds],
                 "alpha": alpha, "chunk": chunk, "seed": seed, "tasks": names}
+    if design != "anytime":  # a record without a design is an anytime run (made before the group design)
+        settings["design"] = design
     _check_folder(out, settings)  # bad input before the lock is written into the folder
     with contextlib.nullcontext() if locked else output_lock(out):
         return _until_decided(baseline, out, lm, thresholds, base, settings, task_manager, say)
+
+
+def _plan(run, settings: dict, thresholds: list, task: str) -> dict:
+    """A task's order (and, for the group design, its pool and the documents left out: `sequential.group_plan`)."""
+    seed = settings["seed"]
+    if settings.get("design", "anytime") == "anytime":
+        return {"order": task_order([d for _, d in run.samples], seed, task)}
+    from .compare import choose_metric
+
+    filt = run.filters[0]
+    metric = choose_metric(run, filt, None)
+    old_right = {d: bool(s.metrics[metric]) for (_, d), s in run.samples.items()}
+    return group_plan(old_right, _metrics_of(task, thresholds), seed, task)
 
 
 def _until_decided(baseline: str | Path, out: Path, lm, thresholds: list, base: dict, settings: dict, task_manager,
@@ -173,8 +212,8 @@ def _until_decided(baseline: str | Path, out: Path, lm, thresholds: list, base: 
     if record is None:
         record = {"settings": settings, "seed": seed, "stamp": datetime.now(timezone.utc).strftime(
             "%Y-%m-%dT%H-%M-%S.%f"), "configs": {}, "tasks": {
-            task: {"order": task_order([d for _, d in base[task].samples], seed, task), "done": 0, "looks": [],
-                   "status": "running"} for task in names}}
+            task: {**_plan(base[task], settings, thresholds, task), "done": 0, "looks": [], "status": "running"}
+            for task in names}}
         out.mkdir(parents=True, exist_ok=True)
         # before any samples: a kill after the first chunk's samples leaves a record (its stamp and order) to resume
         atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")

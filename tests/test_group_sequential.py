@@ -1,0 +1,112 @@
+"""The group-sequential design of `adaptguard evaluate` (issue 87): its boundaries and sizes against independent
+calculations (scipy's binomial test, brute-force enumeration of every answer sequence, the bivariate normal), the
+stratum each metric evaluates, and the last look deciding as `compare`'s fixed-n test on all items."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest, multivariate_normal, norm
+
+from adaptguard.compat import group_sequential as gs
+from adaptguard.compat.decide import decide_threshold, group_stop
+from adaptguard.compat.gate import Threshold
+from adaptguard.compat.metrics import flip_metrics
+from adaptguard.compat.sequential import group_plan
+
+ALPHA = 0.05
+
+
+@pytest.mark.parametrize("offset, n_final, theta, pool", [(0, 40, 0.05, 12), (0, 400, 0.02, 198), (28, 40, 0.9, 12),
+                                                          (0, 12, 0.3, 12)])
+def test_the_final_cut_is_where_scipys_binomial_test_first_rejects(offset, n_final, theta, pool):
+    first = next((k for k in range(pool + 1)
+                  if binomtest(offset + k, n_final, theta, alternative="greater").pvalue < ALPHA), None)
+    assert gs.final_cut(offset, n_final, theta, ALPHA, pool) == first
+
+
+@pytest.mark.parametrize("big_n, pool, theta, looks", [(30, 12, 0.1, [3, 6, 9, 12]), (20, 11, 0.15, [4, 5, 9, 11]),
+                                                       (12, 12, 0.2, [2, 7, 12])])
+def test_the_rate_designs_size_by_enumerating_every_answer_sequence(big_n, pool, theta, looks):
+    """Every 0/1 sequence of the stratum's items, weighted by its probability at H0's boundary (each item a flip
+    with q0 = θN/M): the chance of an early stop with a breach, or of the fixed-n breach at the end, is ≤ α; the
+    recursion's size is that sum; and the early stops that the fixed-n test would not take (reversals) stay
+    within α − α0, where α0 is the fixed-n test's own size."""
+    q0 = theta * big_n / pool
+    cut = gs.final_cut(0, big_n, theta, ALPHA, pool)
+    bounds = gs.rate_boundaries(looks, pool, q0, cut, ALPHA)
+    size = reversal = alone = 0.0
+    rejects = [binomtest(k, big_n, theta, alternative="greater").pvalue < ALPHA for k in range(pool + 1)]
+    for seq in itertools.product((0, 1), repeat=pool):
+        k = sum(seq)
+        weight = q0 ** k * (1 - q0) ** (pool - k)
+        early = any(sum(seq[:n]) >= b for n, b in zip(looks, bounds) if n < pool)
+        final = rejects[k]
+        size += weight * (early or final)
+        reversal += weight * (early and not final)
+        alone += weight * final
+    assert size <= ALPHA
+    assert gs.rate_size(looks, pool, q0, cut, bounds) == pytest.approx(size, abs=1e-12)
+    assert reversal <= ALPHA - alone + 1e-12
+    assert any(math.isfinite(b) and b < cut for b, n in zip(bounds, looks) if n < pool), bounds  # it can stop early
+
+
+def test_the_score_boundaries_spend_what_the_spending_function_says():
+    """Two looks at t = 0.4 and 0.7: P(Z1 ≥ h1) is the α spent by 0.4 and P(Z1 ≥ h1 or Z2 ≥ h2) that by 0.7,
+    by the bivariate normal (correlation √(t1/t2)), to the grid's accuracy."""
+    eps, t = 0.01, (0.4, 0.7)
+    h1, h2 = gs.z_boundaries(t, eps)
+    assert norm.sf(h1) == pytest.approx(gs.obf_spent(0.4, eps), rel=0.05)
+    rho = math.sqrt(t[0] / t[1])
+    stay = multivariate_normal([0, 0], [[1, rho], [rho, 1]]).cdf([h1, h2])
+    assert 1 - stay == pytest.approx(gs.obf_spent(0.7, eps), rel=0.05)
+    assert gs.obf_spent(1.0, eps) == pytest.approx(eps) and gs.obf_spent(0.0, eps) == 0.0
+
+
+OLD_RIGHT = {d: d % 3 != 0 for d in range(60)}  # 40 right, 20 wrong
+
+
+@pytest.mark.parametrize("metrics, evaluated", [(["nfr"], "R"), (["btc"], "R"), (["pfr"], "W"),
+                                                (["acc_drop"], "RW"), (["nfr", "pfr"], "RW"), (["old_acc"], "")])
+def test_each_metric_evaluates_only_the_items_that_can_change_it(metrics, evaluated):
+    plan = group_plan(OLD_RIGHT, metrics, 0, "t")
+    right = {d for d, r in OLD_RIGHT.items() if r}
+    want = ({d for d in OLD_RIGHT if d in right} if "R" in evaluated else set()) | \
+        ({d for d in OLD_RIGHT if d not in right} if "W" in evaluated else set())
+    assert set(plan["order"]) == want and len(plan["order"]) == len(want)
+    assert {d for x in plan["not_evaluated"] for d in x["docs"]} == set(OLD_RIGHT) - want
+    assert plan["strata"] == {"R": 40, "W": 20} and plan["items"] == 60
+    if evaluated == "RW":  # proportionally: after any n items each stratum has had its share, to within one item
+        for n in range(1, 61):
+            assert abs(sum(d in right for d in plan["order"][:n]) - n * 40 / 60) <= 1
+    if evaluated == "R":
+        assert "cannot flip right → wrong" in plan["not_evaluated"][0]["why"]
+
+
+def _entry(old, new, order, looks):
+    return {"sequential": {"design": "group", "items": len(old), "strata": {"R": int(old.sum()),
+                                                                           "W": int((~old).sum())},
+                           "old": old[order].astype(int).tolist(), "new": new[order].astype(int).tolist(),
+                           "looks": looks}}
+
+
+@pytest.mark.parametrize("expr", ["nfr>5%", "nfr>20%", "nfr<30%", "pfr>10%", "btc<80%", "acc_drop>1%",
+                                  "acc_drop>10%", "new_acc>40%"])
+def test_with_every_item_that_can_change_it_done_the_decision_is_compares_on_all_items(expr):
+    """Random answers on 150 items, the order evaluate would use; looked at only once every item that can change the
+    threshold is done, the decision (and its p-values) is the fixed-n gate's on all 150 items (`compare`'s entry),
+    and a look before that never takes the opposite one."""
+    t = Threshold.parse(expr)
+    rng = np.random.default_rng(len(expr))
+    for _ in range(6):
+        old = rng.random(150) < rng.uniform(0.3, 0.8)
+        new = np.where(old, rng.random(150) >= rng.uniform(0, 0.35), rng.random(150) < rng.uniform(0, 0.3))
+        plan = group_plan(dict(enumerate(old.tolist())), [t.metric], int(rng.integers(100)), "t")
+        order = np.array(plan["order"])
+        fixed = decide_threshold("t", flip_metrics(old, new, interval="exact"), t, ALPHA)
+        decision, _, ps = group_stop(_entry(old, new, order, [len(order)]), t, ALPHA)
+        assert (decision, ps["p_value"], ps["p_within"]) == (fixed["decision"], fixed["p_value"], fixed["p_within"])
+        looks = list(range(20, len(order), 20)) + [len(order)]
+        early, _, _ = group_stop(_entry(old, new, order, looks), t, ALPHA)
+        assert {early, fixed["decision"]} != {"breach", "clear"}
