@@ -10,7 +10,13 @@
    `nfr>5%` and `acc_drop>1%`: the share of the items evaluated until decided, and agreement with the fixed-n gate
    on all items (`compare`'s decision).
 
+3. **Issue 87's arms** (docs/results.md §14, preregistered): A1 only the items that can flip (nfr: the old-right
+   items) with the e-processes on them, A2 the group-sequential design over the known pool (evaluate's default), A0g
+   the anytime betting test with an aGRAPA bet for acc_drop; and the group design's sizes: exact for the rate tests
+   at E6's task shapes, simulated over a grid of nuisance rates for acc_drop.
+
     python examples/sequential_replay.py --out docs/results/sequential.json   # about 3 min on one core
+    python examples/sequential_replay.py --out docs/results/sequential.json --arms-only   # 3. only, the rest kept
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from adaptguard.compat import group_sequential as gs
 from adaptguard.compat.compare import choose_metric
-from adaptguard.compat.decide import anytime_e_values, decide_threshold
+from adaptguard.compat.decide import agrapa_e_process, anytime_e_values, decide_threshold, group_stop, rate_e_value
 from adaptguard.compat.formats import read_runs
 from adaptguard.compat.gate import Threshold
-from adaptguard.compat.metrics import flip_metrics
-from adaptguard.compat.sequential import task_order
+from adaptguard.compat.metrics import flip_metrics, paired_drop_p, tango_z
+from adaptguard.compat.sequential import group_plan, task_order
 
 ALPHA, CHUNK = 0.05, 25
 RECORDS = Path(__file__).resolve().parents[1] / "docs/results/e6_records"
@@ -81,6 +88,20 @@ def size_drop(margin: float, fixed: float, sims: int, n: int, seed: int) -> dict
     kinds = [first_decision(*paired(rng, n, margin, fixed), t, looks)[0] for _ in range(sims)]
     return {"rule": "acc_drop>Δ (betting)", "threshold": margin, "fixed": fixed, "items": n, "sims": sims,
             "breach": kinds.count("breach") / sims, "clear": kinds.count("clear") / sims}
+
+
+def size_drop_agrapa(margin: float, fixed: float, sims: int, n: int, seed: int) -> dict:
+    """`size_drop` for the aGRAPA bet (A0g): ever breach / ever clear at the boundary, a look every chunk."""
+    rng = np.random.default_rng(seed)
+    looks = np.arange(CHUNK, n + 1, CHUNK) - 1
+    hits = {"breach": 0, "clear": 0}
+    for _ in range(sims):
+        old, new = paired(rng, n, margin, fixed)
+        x = old.astype(float) - new.astype(float)
+        hits["breach"] += agrapa_e_process(x, margin, True)[looks].max() >= 1 / ALPHA
+        hits["clear"] += agrapa_e_process(x, margin, False)[looks].max() >= 1 / ALPHA
+    return {"rule": "acc_drop>Δ (aGRAPA)", "threshold": margin, "fixed": fixed, "items": n, "sims": sims,
+            "breach": hits["breach"] / sims, "clear": hits["clear"] / sims}
 
 
 def size_overall(margin: float, tasks: int, sims: int, n: int, seed: int) -> dict:
@@ -153,6 +174,178 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------ issue 87: the arms and sizes
+EXPRS = ("nfr>2%", "nfr>5%", "acc_drop>1%")
+
+
+def group_entry(old, new, order, looks, big_n, m_r) -> dict:
+    """A group-sequential compare entry of the items in `order` (indices), looked at after `looks` of them."""
+    return {"sequential": {"design": "group", "items": big_n, "strata": {"R": m_r, "W": big_n - m_r},
+                           "old": old[order].astype(int).tolist(), "new": new[order].astype(int).tolist(),
+                           "looks": looks}}
+
+
+def chunk_looks(n: int) -> list[int]:
+    return list(range(CHUNK, n, CHUNK)) + [n] if n else []
+
+
+def arm_a1(old, new, order, t: Threshold, fixed: str) -> tuple[str, int]:
+    """A1 for a rate: the e-process of the rate within the old-right stratum (θ·N/M_R per item), the fixed-n
+    decision once the stratum is done."""
+    big_n, m_r = len(old), int(old.sum())
+    flips = (~new[order]).astype(int)
+    q0 = t.value * big_n / m_r
+    towards = within = 1.0
+    for n in chunk_looks(len(order)):
+        if n == len(order):
+            return fixed, n
+        k = int(flips[:n].sum())
+        towards, within = max(towards, rate_e_value(k, n, q0, True)), max(within, rate_e_value(k, n, q0, False))
+        if towards >= 1 / ALPHA:
+            return "breach", n
+        if within >= 1 / ALPHA:
+            return "clear", n
+    return fixed, 0
+
+
+def arm_a0g(old, new, t: Threshold) -> tuple[str, int]:
+    """A0g: A0's order and looks, the acc_drop test with the aGRAPA bet."""
+    n = len(old)
+    x = old.astype(float) - new.astype(float)
+    towards = np.maximum.accumulate(agrapa_e_process(x, t.value, True))
+    within = np.maximum.accumulate(agrapa_e_process(x, t.value, False))
+    for look in chunk_looks(n):
+        if towards[look - 1] >= 1 / ALPHA:
+            return "breach", look
+        if within[look - 1] >= 1 / ALPHA:
+            return "clear", look
+    return "undecided", n
+
+
+def arms(seeds: int) -> list[dict]:
+    rows = []
+    for scheme, tasks in e6_pairs().items():
+        for task, (old, new, docs) in tasks.items():
+            big_n, m_r = len(docs), int(old.sum())
+            position = {d: i for i, d in enumerate(docs)}
+            right = {d: bool(o) for d, o in zip(docs, old)}
+            for expr in EXPRS:
+                t = Threshold.parse(expr)
+                fixed = decide_threshold(task, flip_metrics(old, new, interval="exact"), t, ALPHA)["decision"]
+                for seed in range(seeds):
+                    plan = group_plan(right, [t.metric], seed, task)
+                    order = np.array([position[d] for d in plan["order"]], dtype=int)
+                    looks = chunk_looks(len(order))
+                    decision, j, _ = group_stop(group_entry(old, new, order, looks, big_n, m_r), t, ALPHA)
+                    used = looks[j] if j is not None else len(order)
+                    got = {"A2": (decision, used)}
+                    if t.metric == "nfr":
+                        got["A1"] = arm_a1(old, new, order, t, fixed)
+                    else:
+                        a0 = [position[d] for d in task_order(docs, seed, task)]
+                        got["A0g"] = arm_a0g(old[a0], new[a0], t)
+                    for arm, (dec, n_used) in got.items():
+                        rows.append({"arm": arm, "scheme": scheme, "task": task, "expr": expr, "seed": seed,
+                                     "items": big_n, "used": n_used, "share": n_used / big_n, "sequential": dec,
+                                     "fixed_n": fixed})
+    return rows
+
+
+def rate_sizes() -> list[dict]:
+    """The group design's exact sizes for the rate tests (breach and clear, each at H0's boundary) at E6's task
+    shapes (N, M_R from fp32's records) and a grid of shapes, a look every 25 items of the stratum."""
+    shapes = sorted({(len(d), int(o.sum())) for o, _, d in next(iter(e6_pairs().values())).values()})
+    shapes += [(n, round(f * n)) for n in (100, 1000) for f in (0.1, 0.5, 0.9)]
+    out = []
+    for big_n, m in shapes:
+        looks = chunk_looks(m)
+        for theta in (0.02, 0.05):
+            row = {"rule": "nfr>θ (group, exact)", "threshold": theta, "items": big_n, "pool": m}
+            for side, (offset, th) in (("breach", (0, theta)), ("clear", (big_n - m, 1 - theta))):
+                q0 = (th * big_n - offset) / m
+                cut = gs.final_cut(offset, big_n, th, ALPHA, m)
+                bounds = gs.rate_boundaries(looks, m, q0, cut, ALPHA)
+                row[side] = gs.rate_size(looks, m, q0, cut, bounds) if 0 <= q0 <= 1 else 0.0
+                row[f"{side}_fixed_n"] = gs.rate_size([m], m, q0, cut, [cut]) if 0 <= q0 <= 1 else 0.0
+            out.append(row)
+    return out
+
+
+def _frontier(big_n: int, margin: float, alt: str, c: int, memo: dict) -> int:
+    """`compare`'s exact acc_drop test on N items with c wrong → right: the smallest b (right → wrong) it rejects at
+    ("greater"), or the largest + 1 ("less"): a bisection over b, the test being monotone in b."""
+    key = (big_n, margin, alt, c)
+    if key not in memo:
+        rejects = lambda b: paired_drop_p(b, c, big_n, margin, alt) < ALPHA  # noqa: E731
+        lo, hi = 0, big_n - c + 1  # greater: first b that rejects (hi: none); less: first b that does not reject
+        while lo < hi:
+            mid = (lo + hi) // 2
+            ok = rejects(mid) if alt == "greater" else not rejects(mid)
+            lo, hi = (lo, mid) if ok else (mid + 1, hi)
+        memo[key] = lo
+    return memo[key]
+
+
+def margin_sizes(sims: int, seed: int) -> list[dict]:
+    """The group design's acc_drop test at the margin's boundary, in `compare`'s own model (each item's old and new
+    answers drawn i.i.d.: the old model right with its task's rate r, right → wrong with p_b, wrong → right with p_c,
+    p_b − p_c = Δ = 1 %), over a grid of the nuisance p_c: the share of simulated runs that ever breach (or ever
+    clear), at an early look (evaluate's proportional order of the strata each run's baseline gives) or at the last
+    (`compare`'s exact test), a look every 25 items."""
+    rng = np.random.default_rng(seed)
+    memo: dict = {}
+    out = []
+    eps = gs.EARLY_SHARE * ALPHA
+    margin = 0.01
+    for big_n, r in ((69, 0.42), (219, 0.49), (400, 0.04), (400, 0.5)):
+        looks = chunk_looks(big_n)
+        bounds = np.array(gs.z_boundaries(tuple(n / big_n for n in looks[:-1]), eps))
+        for p_c in (0.0, 0.02, 0.05, 0.1, 0.2):
+            p_b = p_c + margin
+            if p_b > r or p_c > 1 - r:
+                continue
+            u = rng.random((sims, big_n))
+            old = u < r
+            flip = np.where(old, u < p_b, u >= 1 - p_c)  # right → wrong among the right, wrong → right among the wrong
+            counts = {}
+            early = {"breach": np.zeros(sims, bool), "clear": np.zeros(sims, bool)}
+            final = {"breach": np.zeros(sims, bool), "clear": np.zeros(sims, bool)}
+            for i in range(sims):
+                right, wrong = np.nonzero(old[i])[0], np.nonzero(~old[i])[0]
+                order = np.array(gs.proportional_order(list(rng.permutation(right)), list(rng.permutation(wrong))))
+                o, f = old[i][order], flip[i][order]
+                b, c = np.cumsum(o & f), np.cumsum(~o & f)
+                at = np.array(looks[:-1]) - 1
+                z = np.nan_to_num(tango_z(b[at], c[at], np.array(looks[:-1]), margin), nan=0.0)
+                early["breach"][i], early["clear"][i] = (z >= bounds).any(), (-z >= bounds).any()
+                big_b, big_c = int(b[-1]), int(c[-1])
+                final["breach"][i] = big_b >= _frontier(big_n, margin, "greater", big_c, memo)
+                final["clear"][i] = big_b < _frontier(big_n, margin, "less", big_c, memo)
+                counts[i] = (big_b, big_c)
+            row = {"rule": "acc_drop>Δ (group, simulated)", "threshold": margin, "items": big_n, "pool": f"r {r:g}",
+                   "fixed": p_c, "sims": sims}
+            for side in ("breach", "clear"):
+                row[side] = float((early[side] | final[side]).mean())
+                row[f"{side}_fixed_n"] = float(final[side].mean())
+            out.append(row)
+    return out
+
+
+def arm_summary(rows: list[dict]) -> dict:
+    out = {}
+    for arm in sorted({r["arm"] for r in rows}):
+        out[arm] = summary([r for r in rows if r["arm"] == arm])
+        for expr, r in out[arm].items():
+            mine = [x for x in rows if x["arm"] == arm and x["expr"] == expr and x["fixed_n"] != "undecided"]
+            r["mean_share_where_fixed_n_decided"] = float(np.mean([x["share"] for x in mine])) if mine else None
+        out[arm] = {k: v for k, v in out[arm].items() if v["runs"]}
+    return out
+
+
+def nuisance(r: dict) -> str:
+    return "—" if "fixed" not in r else f"p_c {100 * r['fixed']:g} %"
+
+
 def markdown(out: dict) -> str:
     """The tables of docs/compat.md, from the JSON this script writes."""
     pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
@@ -174,6 +367,26 @@ def markdown(out: dict) -> str:
             f"{pct(r['median_share_where_fixed_n_decided'])} %"
         lines.append(f"| `{expr}` | {r['fixed_n_decided']} of {r['runs']} | {median} | {r['same_decision']} | "
                      f"{r['sequential_undecided_where_fixed_n_decided']} | {r['opposite_decision']} |")
+    if "arms" in out:
+        lines += ["", "Issue 87's arms (docs/results.md §14), where the fixed-n gate on all items decides; shares of all "
+                  "the task's items:", "",
+                  "| arm | threshold | fixed-n decided | median share | mean share | undecided there | "
+                  "decided where fixed-n undecided | opposite decision |", "|---|---|---|---|---|---|---|---|"]
+        for arm, per in out["arms"].items():
+            for expr, r in per.items():
+                lines.append(f"| {arm} | `{expr}` | {r['fixed_n_decided']} of {r['runs']} | "
+                             f"{pct(r['median_share_where_fixed_n_decided'])} % | "
+                             f"{pct(r['mean_share_where_fixed_n_decided'])} % | "
+                             f"{r['sequential_undecided_where_fixed_n_decided']} | "
+                             f"{r['sequential_decided_where_fixed_n_undecided']} | {r['opposite_decision']} |")
+        lines += ["", "The group design's sizes (α = 5 %; rates exact, a look every 25 items of the stratum; acc_drop "
+                  f"simulated, {out['group_size_margin'][0]['sims']} runs a point, a look every 25 items):", "",
+                  "| rule | threshold | N | pool | nuisance | ever breach % (fixed-n alone) | ever clear % (fixed-n alone) |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in out["group_size_rates"] + out["group_size_margin"]:
+            lines.append(f"| {r['rule']} | {100 * r['threshold']:g} % | {r['items']} | {r['pool']} | "
+                         f"{nuisance(r)} | "
+                         f"{pct(r['breach'])} ({pct(r['breach_fixed_n'])}) | {pct(r['clear'])} ({pct(r['clear_fixed_n'])}) |")
     return "\n".join(lines) + "\n"
 
 
@@ -182,8 +395,29 @@ def main() -> None:
     parser.add_argument("--out", default="sequential.json", help="output JSON file")
     parser.add_argument("--sims", type=int, default=1000, help="simulated runs per size row")
     parser.add_argument("--seeds", type=int, default=10, help="item orders per (scheme, task, threshold)")
+    parser.add_argument("--agrapa-sizes", action="store_true", help="only the aGRAPA bet's sizes under peeking, added")
+    parser.add_argument("--arms-only", action="store_true", help="only issue 87's arms and sizes, the rest of --out kept")
     args = parser.parse_args()
     start = time.perf_counter()
+    if args.agrapa_sizes:
+        out = json.loads(Path(args.out).read_text())
+        out["size_under_peeking"] = [r for r in out["size_under_peeking"] if "aGRAPA" not in r["rule"]] + [
+            size_drop_agrapa(margin, fixed, args.sims, 600, 50 + i) for i, (margin, fixed) in
+            enumerate(((0.0, 0.05), (0.01, 0.0), (0.01, 0.05), (0.05, 0.02)))]
+        out["agrapa_command"] = f"python examples/sequential_replay.py --out {args.out} --agrapa-sizes --sims {args.sims}"
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        print(markdown(out))
+        return
+    if args.arms_only:
+        out = json.loads(Path(args.out).read_text())
+        rows = arms(args.seeds)
+        out.update(arms=arm_summary(rows), arm_rows=rows, group_size_rates=rate_sizes(),
+                   group_size_margin=margin_sizes(2 * args.sims, 40), arms_seconds=time.perf_counter() - start,
+                   arms_command=f"python examples/sequential_replay.py --out {args.out} --arms-only --sims {args.sims} "
+                   f"--seeds {args.seeds}")
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        print(markdown(out))
+        return
     size = [size_rates(theta, args.sims, 1000, 1 + i) for i, theta in enumerate((0.02, 0.05))]
     size += [size_drop(margin, fixed, args.sims // 2, 600, 10 + i) for i, (margin, fixed) in
              enumerate(((0.0, 0.05), (0.01, 0.0), (0.01, 0.05), (0.05, 0.02)))]

@@ -260,3 +260,107 @@ def test_a_second_run_on_one_output_path_is_refused_while_the_first_holds_it(run
     docs = [s["doc_id"] for s in samples_of(out)]
     assert len(docs) == len(set(docs)) == N == t["done"] and (out / LOCK).is_file()
     assert compare_decisions(capsys, runs / "right", out, "pfr>0.5%") == t["decisions"]
+
+
+# ------------------------------------------------------------------ issue 87: only the items that can flip
+@pytest.fixture(scope="module")
+def mixed(runs):
+    """A baseline right on the even documents and wrong on the odd ones (60 each)."""
+    (samples,) = (runs / "right").glob("samples_t_mc_*.jsonl")
+    (results,) = (runs / "right").glob("results_*.json")
+    folder = runs / "mixed"
+    if not folder.exists():
+        folder.mkdir()
+        lines = [json.loads(x) for x in samples.read_text().splitlines()]
+        (folder / samples.name).write_text("".join(json.dumps({**x, "acc": float(x["doc_id"] % 2 == 0)}) + "\n"
+                                                   for x in lines))
+        (folder / results.name).write_text(results.read_text())
+    return folder
+
+
+def evaluated_docs(out):
+    return {s["doc_id"] for s in samples_of(out)}
+
+
+@pytest.mark.parametrize("expr, parity, reason", [("nfr>40%", 0, "cannot flip right → wrong"),
+                                                  ("pfr>40%", 1, "cannot flip wrong → right")])
+def test_a_flip_rate_evaluates_only_the_items_that_can_flip(runs, embedded_path, tmp_path, capsys, mixed, expr, parity,
+                                                            reason):
+    """`nfr` needs only the items the old model got right (the even ones), `pfr` only the ones it got wrong: the run
+    evaluates no other item, lists the others as not evaluated with why, prints no new-model accuracy, and `compare`
+    on its output takes the same decision."""
+    code = evaluate(runs, embedded_path, tmp_path / "out", "mixed", expr)
+    printed = capsys.readouterr().out
+    t = record(tmp_path / "out")
+    docs = evaluated_docs(tmp_path / "out")
+    assert docs and all(d % 2 == parity for d in docs) and len(docs) == t["done"] <= N // 2, printed
+    assert set(t["order"]) == {d for d in range(N) if d % 2 == parity}
+    (left,) = t["not_evaluated"]
+    assert set(left["docs"]) == {d for d in range(N) if d % 2 != parity} and reason in left["why"]
+    assert f"/{N // 2} of {N} items" in printed
+    assert code == {"breach": 1, "clear": 0, "undecided": 3}[t["decisions"][expr]]
+    assert compare_decisions(capsys, mixed, tmp_path / "out", expr) == t["decisions"]
+    main(["compare", str(mixed), str(tmp_path / "out")])
+    assert " → –" in capsys.readouterr().out  # the new model's accuracy was not measured
+
+
+def test_acc_drop_evaluates_both_strata_in_proportion(runs, embedded_path, tmp_path, capsys, mixed):
+    evaluate(runs, embedded_path, tmp_path / "out", "mixed", "acc_drop>1%")
+    t = record(tmp_path / "out")
+    docs = evaluated_docs(tmp_path / "out")
+    assert t["not_evaluated"] == [] and len(t["order"]) == N
+    even = sum(d % 2 == 0 for d in docs)
+    assert abs(even - len(docs) / 2) <= 1, (even, len(docs))
+    assert compare_decisions(capsys, mixed, tmp_path / "out", "acc_drop>1%") == t["decisions"]
+
+
+def test_the_last_look_decides_as_compare_on_all_items(runs, embedded_path, tmp_path, capsys, mixed):
+    """Thresholds near the truth run every item that can change them; the decision then is `compare`'s on the
+    embedded model's full run against the same baseline (all 120 items, the fixed-n gate), whatever it is."""
+    full = runs / "run"
+    exprs = ("nfr>35%", "nfr>40%", "pfr>10%")
+    whole = compare_decisions(capsys, mixed, full, *exprs)
+    for i, expr in enumerate(exprs):
+        evaluate(runs, embedded_path, tmp_path / f"out{i}", "mixed", expr)
+        t = record(tmp_path / f"out{i}")
+        if t["status"] != "decided" or t["done"] == N // 2:  # stopped early: only the opposite would be wrong
+            assert {t["decisions"][expr], whole[expr]} != {"breach", "clear"}
+        if t["done"] == N // 2:
+            assert t["decisions"][expr] == whole[expr], (expr, t, whole)
+    assert any(record(tmp_path / f"out{i}")["done"] == N // 2 for i in range(len(exprs)))
+
+
+def test_a_kill_in_the_middle_of_a_stratum_resumes_to_the_uninterrupted_result(runs, embedded_path, tmp_path,
+                                                                               capsys, monkeypatch, mixed):
+    import lm_eval
+
+    real, calls = lm_eval.simple_evaluate, []
+
+    def killed_on_the_second(*args, **kwargs):
+        calls.append(kwargs["samples"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", killed_on_the_second)
+    assert evaluate(runs, embedded_path, tmp_path / "out", "mixed", "nfr>35%", extra=("--chunk", "25")) == 130
+    assert record(tmp_path / "out")["done"] == 25  # killed inside the old-right stratum (60 items)
+    monkeypatch.setattr(lm_eval, "simple_evaluate", real)
+    code = evaluate(runs, embedded_path, tmp_path / "out", "mixed", "nfr>35%", extra=("--chunk", "25"))
+    whole = evaluate(runs, embedded_path, tmp_path / "whole", "mixed", "nfr>35%", extra=("--chunk", "25"))
+    assert code == whole and record(tmp_path / "out") == record(tmp_path / "whole")
+    assert sorted(s["doc_id"] for s in samples_of(tmp_path / "out")) == sorted(evaluated_docs(tmp_path / "whole"))
+
+
+def test_the_anytime_design_visits_every_item_and_bets_adaptively(runs, embedded_path, tmp_path, capsys, mixed):
+    """`--design anytime`: every item in random order (none left out), acc_drop by the aGRAPA betting e-process, and
+    `compare` on the output takes the same decisions."""
+    evaluate(runs, embedded_path, tmp_path / "out", "mixed", "nfr>5%", "acc_drop>60%", extra=("--design", "anytime"))
+    data = json.loads((tmp_path / "out" / "sequential.json").read_text())
+    t = data["tasks"]["t_mc"]
+    assert data["settings"]["bet"] == "agrapa" and "not_evaluated" not in t and sorted(t["order"]) == list(range(N))
+    assert {d % 2 for d in evaluated_docs(tmp_path / "out")} == {0, 1}
+    assert compare_decisions(capsys, mixed, tmp_path / "out", "nfr>5%", "acc_drop>60%") == t["decisions"]
+    report = tmp_path / "out.json"
+    test = {d["expr"]: d["test"] for d in json.loads(report.read_text())["gate"]["decisions"]}
+    assert "aGRAPA" in test["acc_drop>60%"]

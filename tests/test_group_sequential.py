@@ -68,7 +68,7 @@ OLD_RIGHT = {d: d % 3 != 0 for d in range(60)}  # 40 right, 20 wrong
 
 
 @pytest.mark.parametrize("metrics, evaluated", [(["nfr"], "R"), (["btc"], "R"), (["pfr"], "W"),
-                                                (["acc_drop"], "RW"), (["nfr", "pfr"], "RW"), (["old_acc"], "")])
+                                                (["acc_drop"], "RW"), (["nfr", "pfr"], "RW"), (["old_acc"], "RW")])
 def test_each_metric_evaluates_only_the_items_that_can_change_it(metrics, evaluated):
     plan = group_plan(OLD_RIGHT, metrics, 0, "t")
     right = {d for d, r in OLD_RIGHT.items() if r}
@@ -110,3 +110,27 @@ def test_with_every_item_that_can_change_it_done_the_decision_is_compares_on_all
         looks = list(range(20, len(order), 20)) + [len(order)]
         early, _, _ = group_stop(_entry(old, new, order, looks), t, ALPHA)
         assert {early, fixed["decision"]} != {"breach", "clear"}
+
+
+def test_the_agrapa_bet_uses_only_the_items_before_it():
+    """The aGRAPA wealth against a plain loop: each bet from the items before it (mean and variance shrunk by one
+    pseudo-item), cut to [0, 0.9 / (1 ± m)]; an item's answer never changes its own bet."""
+    from adaptguard.compat.decide import agrapa_e_process
+
+    rng = np.random.default_rng(3)
+    x = rng.choice([-1, 0, 1], size=150, p=[0.05, 0.8, 0.15]).astype(float)
+    for margin, greater in ((0.01, True), (0.02, False)):
+        sign, reach = (1, 1 / (1 + margin)) if greater else (-1, 1 / (1 - margin))
+        wealth, out = 1.0, []
+        for i, v in enumerate(x):
+            past = x[:i]
+            mean = past.sum() / (i + 1)
+            var = max((0.25 + (past ** 2).sum() - i * mean ** 2) / (i + 1), 1e-4)
+            edge = sign * (mean - margin)
+            lam = min(max(edge / (var + edge ** 2), 0.0), 0.9 * reach)
+            wealth *= 1 + lam * sign * (v - margin)
+            out.append(wealth)
+        assert np.allclose(agrapa_e_process(x, margin, greater), out, rtol=1e-9)
+        changed = x.copy()
+        changed[-1] = -changed[-1] if changed[-1] else 1.0
+        assert agrapa_e_process(changed, margin, greater)[-2] == pytest.approx(out[-2], rel=1e-12)

@@ -95,3 +95,25 @@ def test_the_replay_file_holds_alpha_never_contradicts_and_is_the_docs_table():
     spec.loader.exec_module(module)
     text = (ROOT / "docs/compat.md").read_text()
     assert text.split("<!-- sequential:start -->\n")[1].split("<!-- sequential:end -->")[0] == module.markdown(out)
+
+
+def test_issue_87s_arms_and_sizes_in_the_replay_file():
+    """The group design's rows (docs/results/sequential.json, arms A1, A2, A0g): the summaries recomputed from the
+    rows, no opposite decision in any arm, the group design never undecided where the fixed-n gate decides (its last
+    look is that gate), every exact size of the rate tests ≤ α, the simulated ones within simulation error of α."""
+    out = json.loads((ROOT / "docs/results/sequential.json").read_text())
+    for arm, per in out["arms"].items():
+        for expr, r in per.items():
+            rows = [x for x in out["arm_rows"] if x["arm"] == arm and x["expr"] == expr]
+            decided = [x["share"] for x in rows if x["fixed_n"] != "undecided"]
+            assert r["median_share_where_fixed_n_decided"] == pytest.approx(float(np.median(decided)))
+            assert r["mean_share_where_fixed_n_decided"] == pytest.approx(float(np.mean(decided)))
+            assert r["opposite_decision"] == 0 == sum({x["sequential"], x["fixed_n"]} == {"breach", "clear"}
+                                                      for x in rows)
+            if arm == "A2":
+                assert r["sequential_undecided_where_fixed_n_decided"] == 0
+    for row in out["group_size_rates"]:
+        assert row["breach"] <= out["alpha"] and row["clear"] <= out["alpha"], row
+    for row in out["group_size_margin"]:
+        bound = out["alpha"] + 3 * math.sqrt(out["alpha"] * (1 - out["alpha"]) / row["sims"])
+        assert row["breach"] <= bound and row["clear"] <= bound, row

@@ -224,10 +224,31 @@ def _is_churn(entry: Mapping, samples: list, alpha: float) -> dict | None:
                          [s.target for s in samples] if fixed else list(range(len(samples))))
     n = entry["n"]
     guess = sum(1 / s.n_choices for s in samples) / len(samples)
-    # a new accuracy not measured (a group-sequential run of one stratum) shows nothing below chance
-    new = n if entry.get("new_acc") is None else entry["new_acc"] * n
-    flips = entry.get("n_negative_flips")
-    return churn(entry["old_acc"] * n, new, 0 if flips is None else flips, n, chance, guess, alpha)
+    seq = entry.get("sequential") or {}
+    if seq.get("design") == "group":
+        return _group_churn(entry, seq, chance, guess, alpha)
+    return churn(entry["old_acc"] * n, entry["new_acc"] * n, entry["n_negative_flips"], n, chance, guess, alpha)
+
+
+def _group_churn(entry: Mapping, seq: dict, chance: float, guess: float, alpha: float) -> dict:
+    """`decide.churn` for a group-sequential run: the old model's accuracy over the whole baseline; the new one's
+    over the items evaluated when both strata were sampled in proportion (else not measured: nothing shown below
+    chance); the right → wrong flips among the old-right items evaluated against two guessers' rate there,
+    chance · (1 − guess) · N / M_R."""
+    import numpy as np
+
+    from .decide import binomial_p
+
+    old, new = np.asarray(seq["old"], bool), np.asarray(seq["new"], bool)
+    big_n, m_r, m_w = seq["items"], seq["strata"]["R"], seq["strata"]["W"]
+    both = (m_r == 0 or old.any()) and (m_w == 0 or (~old).any())
+    p_old = binomial_p(m_r, big_n, chance, greater=True)
+    p_new = binomial_p(int(new.sum()), len(new), guess, greater=False) if both and len(new) else 1.0
+    rate = min(1.0, chance * (1 - guess) * big_n / m_r) if m_r else 0.0
+    p_flips = binomial_p(int((old & ~new).sum()), int(old.sum()), rate, greater=True) if old.any() else 1.0
+    return {"chance": chance, "guess_rate": guess, "old_acc": m_r / big_n, "new_acc": entry.get("new_acc"),
+            "p_above_chance": p_old, "p_new_below_chance": p_new, "p_flips_beyond_guessing": p_flips,
+            "churn": p_old >= alpha and p_new >= alpha and p_flips >= alpha}
 
 
 def _baseline_samples(old: dict, task: str, filt: str, entry, record: dict | None) -> list:

@@ -283,7 +283,8 @@ def mde(entry: Mapping, metric: str, alpha: float, power: float = 0.8) -> float 
 
 def test_name(entry: Mapping, metric: str, threshold: float = 0.0) -> str:
     if "sequential" in entry:
-        return ("anytime-valid betting e-process" if metric == "acc_drop" else
+        bet = " (aGRAPA bet)" if entry["sequential"].get("bet") == "agrapa" else ""
+        return (f"anytime-valid betting e-process{bet}" if metric == "acc_drop" else
                 "anytime-valid beta-binomial mixture e-process") + f" over {(k := len(entry['sequential']['looks']))} " \
             + ("look" if k == 1 else "looks")
     if replicated(entry):
@@ -582,7 +583,9 @@ def anytime_e_values(entry: Mapping, metric: str, threshold: float, op: str) -> 
     if metric == "acc_drop":
         s = entry["sequential"]
         x = np.asarray(s["old"], float) - np.asarray(s["new"], float)
-        wealth = drop_e_process(x, threshold, greater)
+        # runs made before the aGRAPA bet (their records name no bet) keep the grid of constant bets
+        bet = agrapa_e_process if s.get("bet") == "agrapa" else drop_e_process
+        wealth = bet(x, threshold, greater)
         return [float(wealth[n - 1]) if n else 1.0 for n in s["looks"]]
     return [rate_e_value(k, n, threshold, greater) for k, n in zip(*_sequences(entry, metric))]
 

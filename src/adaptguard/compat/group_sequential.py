@@ -164,6 +164,8 @@ def z_boundaries(times: tuple[float, ...], eps: float, grid: int = 801) -> tuple
 def proportional_order(right: list[int], wrong: list[int]) -> list[int]:
     """Two strata's items (each already in its random order) merged so that after any n items each stratum has had
     its share n·M/N to within one item."""
+    if not right or not wrong:
+        return list(right or wrong)
     keyed = [((i + 0.5) / len(right), 0, d) for i, d in enumerate(right)]
     keyed += [((i + 0.5) / len(wrong), 1, d) for i, d in enumerate(wrong)]
     return [d for *_, d in sorted(keyed)]

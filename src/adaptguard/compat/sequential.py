@@ -43,6 +43,8 @@ def sequential_entry(record: dict, task: str, old: TaskRun, new: TaskRun, metric
            "new": [int(new.samples[filt, d].metrics[metric]) for d in order], "seed": record["seed"]}
     if t.get("design") == "group":
         out.update(design="group", items=t["items"], strata=t["strata"])
+    elif record["settings"].get("bet"):
+        out["bet"] = record["settings"]["bet"]  # the anytime design's acc_drop bet (aGRAPA since issue 87)
     return out
 
 
@@ -68,10 +70,12 @@ def group_plan(old_right: dict[int, bool], metrics: list[str], seed: int, task: 
 
     docs = {"R": [d for d, r in old_right.items() if r], "W": [d for d, r in old_right.items() if not r]}
     need = needed_strata(metrics)
+    if not any(docs[s] for s in need):  # nothing can change them (old_acc; pfr with no old-wrong item): the fixed-n
+        need = "RW"  # decision is known, but compare needs an evaluated chunk to read: the items at random, as before
     orders = {s: task_order(docs[s], seed, f"{task}/{s}") for s in need}
-    order = proportional_order(orders["R"], orders["W"]) if need == "RW" else orders[need] if need else []
+    order = proportional_order(orders["R"], orders["W"]) if need == "RW" else orders[need]
     left = {s: sorted(docs[s]) for s in "RW" if s not in need and docs[s]}
-    why = NOT_NEEDED if need else dict.fromkeys("RW", "old_acc is the baseline's own accuracy: no new answer changes it")
+    why = NOT_NEEDED
     return {"design": "group", "order": order, "items": len(old_right),
             "strata": {"R": len(docs["R"]), "W": len(docs["W"])},
             "not_evaluated": [{"why": why[s], "docs": d} for s, d in left.items()]}

@@ -181,6 +181,8 @@ def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds
                 "alpha": alpha, "chunk": chunk, "seed": seed, "tasks": names}
     if design != "anytime":  # a record without a design is an anytime run (made before the group design)
         settings["design"] = design
+    else:  # acc_drop's adaptive bet (a record without one: the grid of 24 constant bets, before issue 87)
+        settings["bet"] = "agrapa"
     _check_folder(out, settings)  # bad input before the lock is written into the folder
     with contextlib.nullcontext() if locked else output_lock(out):
         return _until_decided(baseline, out, lm, thresholds, base, settings, task_manager, say)
