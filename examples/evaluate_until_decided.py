@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--fail-on", default="nfr>2%,nfr>5%,acc_drop>1%", help="thresholds, comma-separated")
     parser.add_argument("--chunk", type=int, default=25, help="items per task between two looks")
     parser.add_argument("--tasks", default=",".join(TASKS), help="BIG-bench tasks, comma-separated (E6's six)")
+    parser.add_argument("--design", default="group", choices=("group", "anytime"), help="evaluate's design (default "
+                        "group: only the items that can flip, group-sequential over the known items)")
     parser.add_argument("--bigbench", help="BIG-bench's data: bigbench-1.0.0.tar.gz, an unpacked copy or a checkout "
                         "(else $ADAPTGUARD_BIGBENCH, an installed bigbench, the cache, the package index)")
     args = parser.parse_args()
@@ -57,7 +59,7 @@ def main() -> None:
     load = [os.getloadavg()]
     start = time.perf_counter()
     gate = evaluate_until_decided(RECORDS, work / "until_decided", lm, thresholds, tasks=names, chunk=args.chunk,
-                                  task_manager=manager)
+                                  task_manager=manager, design=args.design)
     until = time.perf_counter() - start
     load.append(os.getloadavg())
     start = time.perf_counter()
@@ -65,11 +67,13 @@ def main() -> None:
     full = time.perf_counter() - start
     load.append(os.getloadavg())
     record = json.loads((work / "until_decided" / "sequential.json").read_text())
-    items = {t: {"used": r["done"], "items": len(r["order"]), "status": r["status"], "decisions": r["decisions"]}
-             for t, r in record["tasks"].items()}
+    # items: the task's items; evaluable: those the design would evaluate (the rest cannot change a threshold)
+    items = {t: {"used": r["done"], "items": r.get("items", len(r["order"])), "evaluable": len(r["order"]),
+                 "status": r["status"], "decisions": r["decisions"]} for t, r in record["tasks"].items()}
     used, total = sum(v["used"] for v in items.values()), sum(v["items"] for v in items.values())
     report = {"model": "built:smollm2, torch dynamic int8 (decoder Linear layers)", "baseline": str(RECORDS),
-              "thresholds": [t.expr for t in thresholds], "chunk": args.chunk, "status": gate["status"],
+              "thresholds": [t.expr for t in thresholds], "chunk": args.chunk, "design": args.design,
+              "status": gate["status"],
               "decisions": [{k: d[k] for k in ("task", "expr", "decision", "value", "p_value", "p_within")}
                             for d in gate["decisions"]],
               "tasks": items, "items_used": used, "items_total": total, "seconds_until_decided": until,
@@ -77,7 +81,7 @@ def main() -> None:
               "note": "the baseline is E6's fp32 run recorded on another machine (docs/results/e6_records/fp32/meta"
                       ".json); the load averages say what else ran on the cores",
               "command": f"python examples/evaluate_until_decided.py --out {args.out} --fail-on '{args.fail_on}' "
-                         f"--chunk {args.chunk} --tasks {args.tasks}"}
+                         f"--chunk {args.chunk} --tasks {args.tasks} --design {args.design}"}
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"until decided: {used}/{total} items ({100 * used / total:.0f} %), {until:.0f} s; full: {full:.0f} s "
           f"({100 * until / full:.0f} % of its wall time); gate {gate['status']}")
