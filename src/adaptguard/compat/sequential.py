@@ -43,7 +43,7 @@ def sequential_entry(record: dict, task: str, old: TaskRun, new: TaskRun, metric
            "new": [int(new.samples[filt, d].metrics[metric]) for d in order], "seed": record["seed"]}
     if t.get("design") == "group":
         out.update(design="group", items=t["items"], strata=t["strata"])
-    elif record["settings"].get("bet"):
+    elif (record.get("settings") or {}).get("bet"):
         out["bet"] = record["settings"]["bet"]  # the anytime design's acc_drop bet (aGRAPA since issue 87)
     return out
 
