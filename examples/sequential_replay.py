@@ -331,6 +331,38 @@ def margin_sizes(sims: int, seed: int) -> list[dict]:
     return out
 
 
+def margin_potential() -> dict:
+    """Exploratory, in place of arm A3: how the right → wrong flips sit by the baseline's margin (its top two
+    log-likelihoods; generated-answer tasks have none) among the old-right items, and the best a two-stratum split
+    at the median margin could do — the variance of the flip count under Neyman allocation with the true rates (an
+    oracle) against proportional allocation, per (scheme, task) with a flip."""
+    margins = {}
+    for f in sorted((RECORDS / "fp32").glob("samples_*.jsonl")):
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        if rows and all(isinstance(r["filtered_resps"][0], list) for r in rows):
+            task = f.name[len("samples_"):].rsplit("_2026", 1)[0]
+            margins[task] = {r["doc_id"]: float(np.diff(sorted(float(v[0]) for v in r["filtered_resps"])[-2:])[0])
+                             for r in rows}
+    low_share, ratio = [], []
+    for tasks in e6_pairs().values():
+        for task, (old, new, docs) in tasks.items():
+            flips = old & ~new
+            if task not in margins or not flips.any():
+                continue
+            m = np.array([margins[task][d] for d in docs])
+            low = old & (m <= np.median(m[old]))
+            high = old & ~low
+            low_share.append(float(flips[low].sum() / flips.sum()))
+            w = low.sum() / old.sum()
+            q_l, q_h = flips[low].mean(), flips[high].mean()
+            prop = w * q_l * (1 - q_l) + (1 - w) * q_h * (1 - q_h)
+            neyman = (w * np.sqrt(q_l * (1 - q_l)) + (1 - w) * np.sqrt(q_h * (1 - q_h))) ** 2
+            ratio.append(float(neyman / prop) if prop > 0 else 1.0)
+    return {"tasks": sorted(margins), "runs": len(low_share), "median_share_of_flips_in_low_margin_half":
+            float(np.median(low_share)), "median_variance_ratio_neyman_oracle": float(np.median(ratio)),
+            "mean_variance_ratio_neyman_oracle": float(np.mean(ratio))}
+
+
 def arm_summary(rows: list[dict]) -> dict:
     out = {}
     for arm in sorted({r["arm"] for r in rows}):
@@ -395,6 +427,7 @@ def main() -> None:
     parser.add_argument("--out", default="sequential.json", help="output JSON file")
     parser.add_argument("--sims", type=int, default=1000, help="simulated runs per size row")
     parser.add_argument("--seeds", type=int, default=10, help="item orders per (scheme, task, threshold)")
+    parser.add_argument("--margin-potential", action="store_true", help="only the exploratory margin measurement, added")
     parser.add_argument("--agrapa-sizes", action="store_true", help="only the aGRAPA bet's sizes under peeking, added")
     parser.add_argument("--arms-only", action="store_true", help="only issue 87's arms and sizes, the rest of --out kept")
     args = parser.parse_args()
@@ -407,6 +440,12 @@ def main() -> None:
         out["agrapa_command"] = f"python examples/sequential_replay.py --out {args.out} --agrapa-sizes --sims {args.sims}"
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
         print(markdown(out))
+        return
+    if args.margin_potential:
+        out = json.loads(Path(args.out).read_text())
+        out["margin_potential"] = margin_potential()
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        print(json.dumps(out["margin_potential"], indent=1))
         return
     if args.arms_only:
         out = json.loads(Path(args.out).read_text())
