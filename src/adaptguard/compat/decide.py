@@ -792,6 +792,8 @@ def group_stop(entry: Mapping, t, alpha: float) -> tuple[str, int | None, dict]:
     complete = [i for i, x in enumerate(looks) if all(x["n_" + k.lower()] == (m_r if k == "R" else m_w) for k in need)]
     if not need:
         complete = [None]  # old_acc: the baseline alone decides it
+    if t.metric == "btc" and m_r == 0:  # btc is not defined without an item the old model got right
+        return "undecided", None, {"p_value": 1.0, "p_within": 1.0}
     early = looks[: complete[0]] if complete and complete[0] is not None else looks
     flip = "<" if t.op == ">" else ">"
     side = _rate_side if need in ("R", "W") else _score_side

@@ -26,8 +26,15 @@ decision that keeps the whole procedure's size ≤ α:
   (`metrics.tango_z` for the drop, the binomial score for an accuracy) against O'Brien–Fleming boundaries for ε =
   α/5 spent by the same function (`z_boundaries`, Brownian motion at information t = n/N by recursive numerical
   integration; under stratified proportional sampling the unstratified score is conservative), the last look
-  `compare`'s exact test at α; size P(fixed-n rejects) + P(an early look crosses) ≤ α is shown by simulation over
-  the nuisance grid (examples/sequential_replay.py, docs/results/sequential.json).
+  `compare`'s exact test at α; size P(fixed-n rejects ∪ an early look crosses) ≤ α is shown by simulation over the
+  nuisance grid in `compare`'s own model (examples/sequential_replay.py, docs/results/sequential.json: the early
+  looks add ≤ 0.1 point to the fixed-n test's size). A look also stops where the fixed-n test on all N items is
+  certain to reject whatever the items left hold (deterministic curtailment: it adds nothing to the size).
+
+Why the last look is the fixed-n test at the full α rather than at the α left over: a run that evaluates every item
+that can change a threshold then decides exactly as `compare` on all items does, wherever that decides — the early
+looks pay for this by spending only the α the fixed-n test leaves unused at H0's boundary (discreteness, and the
+binomial test's conservatism on fewer items), which is why they stop early only on strong evidence.
 """
 
 from __future__ import annotations
