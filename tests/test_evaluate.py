@@ -298,6 +298,7 @@ def test_a_flip_rate_evaluates_only_the_items_that_can_flip(runs, embedded_path,
     (left,) = t["not_evaluated"]
     assert set(left["docs"]) == {d for d in range(N) if d % 2 != parity} and reason in left["why"]
     assert f"/{N // 2} of {N} items" in printed
+    assert f"not evaluated: t_mc, {N // 2} of {N} items — the old model got it" in printed
     assert code == {"breach": 1, "clear": 0, "undecided": 3}[t["decisions"][expr]]
     assert compare_decisions(capsys, mixed, tmp_path / "out", expr) == t["decisions"]
     main(["compare", str(mixed), str(tmp_path / "out")])

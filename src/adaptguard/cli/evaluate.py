@@ -65,6 +65,9 @@ def _evaluate(ns: argparse.Namespace) -> int:
                                       chunk=ns.chunk, seed=ns.seed, locked=True, design=ns.design,
                                       task_manager=task_manager(include, tasks or sorted(base)))
     print(describe(gate))
+    for task, t in (load_record(out) or {"tasks": {}})["tasks"].items():
+        for left in t.get("not_evaluated", []):  # the group design: items that cannot change any threshold asked
+            print(f"not evaluated: {task}, {len(left['docs'])} of {t['items']} items — {left['why']}")
     print(f"run: {out} (lm-eval samples and {out / 'sequential.json'}; `adaptguard compare {ns.baseline} {out}` "
           "takes the same decisions)")
     return exit_status(gate)
