@@ -373,14 +373,16 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
                 mine[name if len(candidates) == 1 else f"{name} [{label}]"] = entry
         for name, regression in flag_regressions(mine, alpha, include_churn).items():
             mine[name].metrics["regression"] = regression
+        # a group-sequential run evaluated the items chosen by the old model's answers: no pooled view of them
+        group = any((e.metrics.get("sequential") or {}).get("design") == "group" for e in mine.values())
         pooled = [e.runs for e in mine.values() if e.runs is not None and (include_churn or not is_churn(e))]
-        if pooled and sum(e.runs is not None for e in mine.values()) > 1:
+        if pooled and sum(e.runs is not None for e in mine.values()) > 1 and not group:
             import numpy as np
 
             overall[label] = {"tasks": len(pooled), **replicate_flips(np.concatenate([p[0] for p in pooled], 1),
                                                                       np.concatenate([p[1] for p in pooled], 1),
                                                                       level=level)}
-        verdict = _across_tasks(mine, alpha)
+        verdict = None if group else _across_tasks(mine, alpha)
         if verdict is not None:
             across[label] = verdict
         report_tasks.update(mine)

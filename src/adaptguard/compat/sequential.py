@@ -101,6 +101,9 @@ def group_view(seq: dict) -> dict:
     entry = {"sequential": seq}
     big_n, m_r = seq["items"], seq["strata"]["R"]
     est = {m: group_estimate(entry, m) for m in ("nfr", "pfr", "btc", "new_acc")}
-    return {"n": big_n, "old_acc": m_r / big_n, **est, "nfr_ci": None, "pfr_ci": None,
+    # the statistics of the items evaluated as if they were all (McNemar, inconsistency, the replicate summary
+    # behind the MDE) describe an unrepresentative subset: none
+    return {"n": big_n, "old_acc": m_r / big_n, **est, "nfr_ci": None, "pfr_ci": None, "mcnemar_p": None,
+            "inconsistency_flips": None, "replicates": None,
             "n_negative_flips": None if est["nfr"] is None else round(est["nfr"] * big_n, 6),
             "n_positive_flips": None if est["pfr"] is None else round(est["pfr"] * big_n, 6)}
