@@ -25,13 +25,14 @@ from collections.abc import Mapping
 from decimal import Decimal
 from fractions import Fraction
 
+from .metrics import _EPS, binomial_p  # noqa: F401  (binomial_p: the fixed-n rate test, used here and by callers)
+
 RATE_METRICS = ("nfr", "pfr", "inconsistency_flips", "old_acc", "new_acc", "btc", "smooth_nfr", "smooth_pfr")
 RUN_LEVEL_METRICS = ("nfr", "excess_nfr", "acc_drop")  # with a run-level test when a side has replicates
 # metrics about which answers flipped: on a task where both models may be guessing they measure churn, not the update
 FLIP_METRICS = ("nfr", "pfr", "btc", "inconsistency_flips", "excess_nfr", "smooth_nfr", "smooth_pfr")
 ACROSS_METHODS = ("pooled", "max_drop", "fisher")
 DECISIONS = ("breach", "undecided", "clear")  # the one vocabulary of every output
-_EPS = 1e-9  # per-item means over run pairs summed: counts to within rounding
 
 
 def replicated(entry: Mapping) -> bool:
@@ -120,27 +121,6 @@ def counts(entry: Mapping, metric: str) -> tuple[float, int]:
     if metric in ("nfr", "pfr"):
         return entry[f"n_{'negative' if metric == 'nfr' else 'positive'}_flips"], n
     return round(entry[metric] * n), n
-
-
-def binomial_p(k: float, n: int, rate: float, greater: bool) -> float:
-    """Exact one-sided binomial p of H0 "rate ≤ `rate`" (`greater`) or "≥" on k successes of n, any `rate`: beyond
-    [0, 1] H0 holds or fails for sure; a count that is not whole is rounded toward H0 (a per-item mean over runs)."""
-    from scipy.stats import binomtest
-
-    k = math.floor(k + _EPS) if greater else math.ceil(k - _EPS)
-    if n == 0:
-        return 1.0
-    if greater:
-        if rate >= 1:
-            return 1.0
-        if rate <= 0:  # H0 "rate ≤ 0": one success refutes it
-            return 0.0 if k > 0 else 1.0
-        return float(binomtest(k, n, rate, alternative="greater").pvalue)
-    if rate <= 0:
-        return 1.0
-    if rate >= 1:
-        return 1.0 if k >= n else 0.0
-    return float(binomtest(k, n, rate, alternative="less").pvalue)
 
 
 def rate_bounds(k: float, n: int, alpha: float) -> tuple[float, float]:

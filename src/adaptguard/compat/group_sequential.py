@@ -59,7 +59,7 @@ def obf_spent(t: float, eps: float) -> float:
 def final_cut(offset: int, n_final: int, theta: float, alpha: float, pool: int) -> int | None:
     """The smallest pool count K (0..pool) at which `compare`'s one-sided exact binomial test of "rate > θ" on
     offset + K successes of `n_final` items rejects at α; None where no count of the pool does."""
-    from .decide import binomial_p
+    from .metrics import binomial_p
 
     def rejects(k: int) -> bool:
         return binomial_p(offset + k, n_final, theta, True) < alpha

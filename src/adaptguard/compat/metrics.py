@@ -57,6 +57,30 @@ def bootstrap_rate_ci(indicator: np.ndarray, n_boot: int = 2000, level: float = 
     return (float(lo), float(hi))
 
 
+_EPS = 1e-9  # per-item means over run pairs summed: counts to within rounding
+
+
+def binomial_p(k: float, n: int, rate: float, greater: bool) -> float:
+    """Exact one-sided binomial p of H0 "rate ≤ `rate`" (`greater`) or "≥" on k successes of n, any `rate`: beyond
+    [0, 1] H0 holds or fails for sure; a count that is not whole is rounded toward H0 (a per-item mean over runs)."""
+    from scipy.stats import binomtest
+
+    k = math.floor(k + _EPS) if greater else math.ceil(k - _EPS)
+    if n == 0:
+        return 1.0
+    if greater:
+        if rate >= 1:
+            return 1.0
+        if rate <= 0:  # H0 "rate ≤ 0": one success refutes it
+            return 0.0 if k > 0 else 1.0
+        return float(binomtest(k, n, rate, alternative="greater").pvalue)
+    if rate <= 0:
+        return 1.0
+    if rate >= 1:
+        return 1.0 if k >= n else 0.0
+    return float(binomtest(k, n, rate, alternative="less").pvalue)
+
+
 def exact_rate_ci(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """Clopper–Pearson (exact binomial) interval of a rate of `k` in `n` items: never outside [0, 1], and not
     [0, 0] at k = 0 (at 0 of 18 the upper end is 18.5 %), where a bootstrap of the items collapses."""
