@@ -91,8 +91,6 @@ if TYPE_CHECKING:
 SIMPLE_TASKS = ("A", "B", "C", "D", "E", "F", "G", "H")
 COMPOSITES = ("A+B", "A+C", "A+F", "B+D", "B+E", "D+F", "G+H")
 SETTINGS = ("simple1", "simple2", "composite", "composite_icl")
-TASK_NAMES = {"A": "capitalization", "B": "swap", "C": "two sum", "D": "past tense", "E": "opposite",
-              "F": "plus one", "G": "modular", "H": "two sum plus one"}
 
 # (task, input, output) of Xu's thesis: Table 4.2, Table 4.3 and Table 4.1 (composite in-context).
 PAPER_EXAMPLES = (

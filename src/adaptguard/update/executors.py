@@ -25,9 +25,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-EXECUTORS = ("local", "ray", "slurm")
-EXTRA = "pip install 'adaptguard[distributed]'"
-
 
 @dataclass(frozen=True)
 class Runtime:
