@@ -20,7 +20,7 @@ job, the report. Executors:
 
 Per job, `overhead_s` is the driver's seconds from submitting the job to its result, minus the seconds inside
 `executors.run_job` in the worker: starting a process or a Ray task, importing torch and adaptguard, unpickling the
-job, returning. The JSON (default docs/results/update_executors.json) also records whether ray and submitit gave the
+job, returning. The JSON (default studies/results/update_executors.json) also records whether ray and submitit gave the
 same `dev_choices.json` and test report (they run at the same threads per job; the in-process run at all cores may
 differ in the last float bits of a training). Run it alone: other processes on the cores change every number.
 """
@@ -111,7 +111,7 @@ def main() -> None:
                         "steps, 10-20 s a job on 2 cores, so that a job outlasts an executor's start-up; --quick: 2)")
     parser.add_argument("--executors", nargs="+", default=["local", "ray", "submitit"],
                         choices=["local", "ray", "submitit"])
-    parser.add_argument("--json", default=None, help="where to write the results (default: docs/results/"
+    parser.add_argument("--json", default=None, help="where to write the results (default: studies/results/"
                         "update_executors.json; --quick: none)")
     args = parser.parse_args()
 
@@ -144,7 +144,7 @@ def main() -> None:
         for r in results.values():
             r.pop("out")
         if args.json or not args.quick:
-            path = Path(args.json or ROOT / "docs/results/update_executors.json")
+            path = Path(args.json or ROOT / "studies/results/update_executors.json")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(summary, indent=2) + "\n")
             print(f"written: {path}")

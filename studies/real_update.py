@@ -1,4 +1,4 @@
-"""Experiment E1 (issue 28, docs/preregistration.md): MUSCLE on real updates that break answers, against a control.
+"""Experiment E1 (issue 28, studies/preregistration.md): MUSCLE on real updates that break answers, against a control.
 
 v1 = a base model + a task LoRA; each update v2 = a changed base (weight-only 4-bit quantization with bitsandbytes, or
 continued full fine-tuning on other tasks) + its own task LoRA. Per update and seed, four adapters start from v2's

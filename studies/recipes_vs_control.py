@@ -1,4 +1,4 @@
-"""Experiment E3 (issue 36, docs/preregistration.md § E3): does v1's signal help beyond retraining on the labels,
+"""Experiment E3 (issue 36, studies/preregistration.md § E3): does v1's signal help beyond retraining on the labels,
 when every arm — the cross-entropy control included — is tuned on dev by the same rule?
 
 Updates: E1's U1 (bitsandbytes NF4) and U2 (200 steps of continued training) on hyperbaton — v1, the updates,
@@ -40,7 +40,7 @@ from .real_update import E1, MIX_TASKS, E1Config, _args, _key, load_base
 # the registered arms: recipe name -> its fields (temperature T is common)
 ARMS = {"control": {}, "muscle": {"ce_weight": 1.0}, "ll_l": {"ce_weight": 1.0},
         "focal": {"focal_alpha": 1.0, "focal_beta": 5.0, "distill_weight": 1.0}, "kd": {"distill_weight": 1.0}}
-# the registered four, then (amendments 2026-11-26, docs/preregistration.md § E3) three more, and three more again,
+# the registered four, then (amendments 2026-11-26, studies/preregistration.md § E3) three more, and three more again,
 # each set appended when none before it had passed
 GENERATIVE_TASKS = ("arithmetic", "word_unscrambling", "modified_arithmetic", "unit_conversion",
                     "linguistic_mappings", "contextual_parametric_knowledge_conflicts", "disfl_qa",
@@ -201,7 +201,7 @@ class E3:
 
     def generative_items(self, spec: str) -> tuple[list[dict], int]:
         """(the rows of U3 candidate `spec` that fit `max_length`, how many it has in all): longer items are removed
-        before the split (amendment 2026-11-26, docs/preregistration.md § E3)."""
+        before the split (amendment 2026-11-26, studies/preregistration.md § E3)."""
         from transformers import AutoTokenizer
 
         from adaptguard.models.embedded import resolve_model
@@ -337,7 +337,7 @@ class E3:
         from adaptguard.muscle.trainer import MUSCLETrainer
         from adaptguard.talr.config import TALRConfig
         from adaptguard.talr.trainer import TALRTrainer
-        from adaptguard.update.pick import SaveAtEpochs
+        from adaptguard.update.callbacks import SaveAtEpochs
         from adaptguard.utils.progress import TrainingProgress
 
         path, quant, _ = e.update_base(kind, setting)

@@ -1,9 +1,9 @@
-"""Experiment E5 (issue 57, docs/preregistration.md § E5): seeds, not items.
+"""Experiment E5 (issue 57, studies/preregistration.md § E5): seeds, not items.
 
 Part A (`--stage report`): E1–E4 re-decided from their committed records with run-level statistics
 (`compat.replicates`: intervals over seeds and items, Benjamini–Hochberg over each experiment's family with
 FCR-adjusted intervals, minimum detectable effects, chance churn), beside the registered verdicts; E4's trivial
-domain baselines and its per-task general flips. Writes `docs/results/e5_report.{json,md}`.
+domain baselines and its per-task general flips. Writes `studies/results/e5_report.{json,md}`.
 
 Part B (`--stage runs`): E3's arms at their frozen dev choices on more seeds — U2 (continued training) and U1 (NF4)
 every arm, U3 (NF4, matrixshapes) the control and focal — through E3's own runner, so the rows, items, scoring and
@@ -11,9 +11,9 @@ store keys are E3's. Before an update's new seeds, the rebuilt v1 and v2 task mo
 their own, so their agreement with the recorded reference answers can be reported. After every finished run the
 small records are exported (only what is not already in E3's records), ready to commit.
 
-    python -m adaptguard.experiments.seeds_not_items --stage runs --out /work/e5-out --export docs/results/e5_records
+    python -m adaptguard.experiments.seeds_not_items --stage runs --out /work/e5-out --export studies/results/e5_records
 
-Resuming: copy `docs/results/e3_records/*` and then `docs/results/e5_records/*` into `--out` (the command does it
+Resuming: copy `studies/results/e3_records/*` and then `studies/results/e5_records/*` into `--out` (the command does it
 when `--out` is new).
 """
 
@@ -32,7 +32,7 @@ from adaptguard.utils.sweeps import machine_info
 
 from .recipes_vs_control import E3, E3Config
 
-E3_RECORDS = Path("docs/results/e3_records")
+E3_RECORDS = Path("studies/results/e3_records")
 # registered order (cheapest first) and arms per update
 PLAN = {"continued": ["control", "muscle", "ll_l", "focal", "kd"],
         "quantized": ["control", "muscle", "ll_l", "focal", "kd"],
@@ -125,8 +125,8 @@ class E5Runs:
 
 
 # ----------------------------------------------------------------------------------------- Part A: re-analysis
-E4_RECORDS, E5_RECORDS, E2_REPORT = Path("docs/results/e4_records"), Path("docs/results/e5_records"), \
-    Path("docs/results/e2_report.json")
+E4_RECORDS, E5_RECORDS, E2_REPORT = Path("studies/results/e4_records"), Path("studies/results/e5_records"), \
+    Path("studies/results/e2_report.json")
 Q = 0.05  # the families' false discovery rate
 MARGIN = 0.02  # "not reproduced": the adjusted interval inside ±2 points
 
@@ -462,8 +462,8 @@ def main(argv: list[str] | None = None) -> None:
         from adaptguard.utils.files import atomic_write_text
 
         result = report([E3_RECORDS, E5_RECORDS])
-        atomic_write_text(Path("docs/results/e5_report.json"), json.dumps(result, indent=2, default=float))
-        atomic_write_text(Path("docs/results/e5_report.md"), markdown(result))
+        atomic_write_text(Path("studies/results/e5_report.json"), json.dumps(result, indent=2, default=float))
+        atomic_write_text(Path("studies/results/e5_report.md"), markdown(result))
         print(markdown(result))
         return
     if cli.stage != "runs":

@@ -1,4 +1,4 @@
-"""Experiment E2 (issue 29, docs/preregistration.md): TALR vs SFT (and DFT) where SFT really forgets.
+"""Experiment E2 (issue 29, studies/preregistration.md): TALR vs SFT (and DFT) where SFT really forgets.
 
 A base model (default SmolLM2-135M-Instruct) is fully fine-tuned on a domain it can learn (BIG-bench hyperbaton,
 hundreds of rows) with SFT, TALR (paper 003 eq. 5–6) and DFT at the same learning rates, three seeds (the data

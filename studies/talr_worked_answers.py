@@ -1,4 +1,4 @@
-"""Experiment E4 (issue 37, docs/preregistration.md § E4): TALR vs SFT (and DFT) on long worked answers, the regime
+"""Experiment E4 (issue 37, studies/preregistration.md § E4): TALR vs SFT (and DFT) on long worked answers, the regime
 paper 003 describes — MedCalc-style items whose targets are a calculator's step-by-step rationale and the answer.
 
 E2's design (`talr_vs_sft.E2`: full fine-tuning at the same learning rate, three seeds, general flips against the
