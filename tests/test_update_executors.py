@@ -109,7 +109,8 @@ def test_a_failed_job_is_named_with_its_log_and_the_others_go_on(reference, ray_
     """A training whose worker computes another run key than the driver's (another adaptguard there, other files)
     fails and stores nothing; the job that needs it is not started, the independent one finishes."""
     from adaptguard.update.executors import JobsFailed, RayExecutor, Runtime, run_jobs
-    from adaptguard.update.pick import Pick, ScoreJob, TrainJob
+    from adaptguard.update.jobs import ScoreJob, TrainJob
+    from adaptguard.update.pick import Pick
 
     out = with_task_adapters(reference, tmp_path / "fail")
     pick = Pick(grid_config(out))
@@ -135,18 +136,18 @@ def test_a_run_killed_in_process_resumes_on_submitit_redoing_only_the_unfinished
     """Killed in this process as kd's training starts, then restarted on submitit's local executor (each job a
     subprocess, as on Slurm): only kd's training, its scorings and the test stage run there, nothing finished is
     rewritten, and the pick, dev_choices.json, the test report and every step are the in-process run's."""
-    from adaptguard.update import pick as pick_module
+    from adaptguard.update import jobs as jobs_module
     from adaptguard.update import run_update
 
     out = with_task_adapters(reference, tmp_path / "resumed")
-    real = pick_module.TrainJob.run
+    real = jobs_module.TrainJob.run
 
     def killed_at_kd(self, pick=None):
         if self.setting.recipe == "kd":
             raise KeyboardInterrupt  # Ctrl-C as the second training starts
         return real(self, pick)
 
-    monkeypatch.setattr(pick_module.TrainJob, "run", killed_at_kd)
+    monkeypatch.setattr(jobs_module.TrainJob, "run", killed_at_kd)
     with pytest.raises(KeyboardInterrupt):
         run_update(grid_config(out))
     monkeypatch.undo()
@@ -171,7 +172,8 @@ def test_a_run_killed_in_process_resumes_on_submitit_redoing_only_the_unfinished
 def test_a_training_spread_over_two_processes_keeps_the_global_batch(reference, tmp_path):
     """`processes_per_job` 2: the training job runs under `accelerate launch` (two CPU processes here, one per GPU on
     a cluster), each on half the batch: the same steps per epoch, the adapters written once, the run keyed apart."""
-    from adaptguard.update.pick import Pick, TrainJob
+    from adaptguard.update.jobs import TrainJob
+    from adaptguard.update.pick import Pick
 
     out = with_task_adapters(reference, tmp_path / "ddp")
     pick = Pick(grid_config(out, processes_per_job=2, candidates=GRID[:1]))

@@ -189,7 +189,7 @@ def test_dev_seeds_average_each_setting_over_seeds(tmp_path, task_adapters):
 
 def test_the_sentence_says_when_the_control_was_the_only_candidate():
     """With the default candidates (the control alone since E5) the sentence must not claim that a recipe lost."""
-    from adaptguard.update.pick import verdict
+    from adaptguard.update.pick_report import verdict
 
     control = {"recipe": "control", "label": "control (lr 0.002, 1 epoch)", "acc": 0.8, "nfr": 0.1}
     focal = {"recipe": "focal", "label": "focal (lr 0.002, 1 epoch)", "acc": 0.7, "nfr": 0.05}

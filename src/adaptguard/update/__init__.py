@@ -2,9 +2,11 @@
 
 `config` (`UpdateConfig`, one JSON file), `candidates` and `pick` (the one training path: task adapters, the
 recipes' settings trained, stored and scored; with a dev split the grids are chosen on dev and the pick tested against
-the control), `arms` (without a dev split: the MUSCLE and control arms at the config's settings through the same
-`Pick`, their flips; `run_update_seeds`), `steps` (rows, the user's models, task adapters: what `Pick` runs),
-`report` (`report.md`, `seeds.md`), `presets` (`tiny_preset`: the experiment on the embedded bases)."""
+the control), `jobs` (its steps as picklable jobs) run by `executors`, `callbacks` (its trainers' callbacks),
+`pick_report` (the pick's verdict, `report.md`, `report.html`, the dev figure), `arms` (without a dev split: the
+MUSCLE and control arms at the config's settings through the same `Pick`, their flips; `run_update_seeds`), `steps`
+(rows, the user's models, task adapters: what `Pick` runs), `report` (the arms' `report.md`, `seeds.md`), `presets`
+(`tiny_preset`: the experiment on the embedded bases)."""
 
 from .arms import run_update_seeds
 from .config import UpdateConfig

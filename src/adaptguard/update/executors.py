@@ -1,7 +1,7 @@
 """Where the jobs of `adaptguard update` run: in this process (the default), on a Ray cluster, or on Slurm through
 submitit.
 
-A job (`pick.TrainJob`, `pick.ScoreJob`) is one picklable description — the config, the setting, the seed and the
+A job (`jobs.TrainJob`, `jobs.ScoreJob`) is one picklable description — the config, the setting, the seed and the
 run key the driver computed — and its output is one folder of the pick's `Store`: a job is done exactly when its
 folder is finished, whichever executor ran it. A run killed on one executor therefore resumes on another and redoes
 only the unfinished jobs. `run_jobs` hands an executor the jobs whose prerequisites are finished (a scoring waits for

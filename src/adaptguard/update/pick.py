@@ -7,19 +7,19 @@
    registered rule, at matched accuracy; `dev_choices.json` is written before any test item is read.
 3. The pick and the best control setting are trained for every test seed and scored on test: accuracy, NFR, PFR,
    BTC against v1, and the pick − control difference item by item (bootstrap CI over items, McNemar per seed).
-4. `chosen/` holds the pick's adapter (seed `cfg.seed`); `report.json`, `report.md` (with the one-sentence verdict)
-   and `dev_tradeoff.png` (every setting's dev accuracy vs NFR) sit beside it.
+4. `chosen/` holds the pick's adapter (seed `cfg.seed`); `report.json`, `report.md` (with the one-sentence verdict),
+   `report.html` and `dev_tradeoff.png` (every setting's dev accuracy vs NFR) sit beside it (`pick_report`).
 
 Every trained run and every per-item score is a step of a `Store` under `steps/`, kept with its settings: a killed
-run resumes without redoing any finished step. Each unfinished step of a stage is a job (`TrainJob`, `ScoreJob`: one
-picklable description, its output that step's folder) run by the config's executor (`executors`: in this process by
-default, on Ray, or on Slurm through submitit); the stage then reads the stored steps, so the numbers do not depend
-on where the jobs ran, and a run resumes on any executor.
+run resumes without redoing any finished step. Each unfinished step of a stage is a job (`jobs.TrainJob`,
+`jobs.ScoreJob`: one picklable description, its output that step's folder) run by the config's executor (`executors`:
+in this process by default, on Ray, or on Slurm through submitit); the stage then reads the stored steps, so the
+numbers do not depend on where the jobs ran, and a run resumes on any executor. The trainings' callbacks are in
+`callbacks`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -28,27 +28,15 @@ import sys
 import time
 from pathlib import Path
 
-from transformers import TrainerCallback
-
 from ..utils.files import atomic_write_text, finished_dir
 from ..utils.generation import exact_match, generate_answers
 from ..utils.store import Store, digest
+from .callbacks import SaveAtEpochs, StepTimer
 from .candidates import Setting, expand_candidates, pick_setting
 from .config import UpdateConfig
 from .executors import InProcess, Runtime, describe, job_resources, make_executor, makespan, run_jobs
-
-
-class SaveAtEpochs(TrainerCallback):
-    """Saves the trained adapter as `out/epoch-<e>` at the end of each epoch e in `epochs`."""
-
-    def __init__(self, epochs, out: Path, adapter_name: str | None):
-        self.epochs, self.out, self.adapter_name = set(epochs), out, adapter_name
-
-    def on_epoch_end(self, args, state, control, model=None, **kwargs):
-        epoch = round(state.epoch)
-        if epoch in self.epochs and state.is_world_process_zero:
-            model.save_pretrained(self.out / f"epoch-{epoch}",
-                                  **({"selected_adapters": [self.adapter_name]} if self.adapter_name else {}))
+from .jobs import ScoreJob, TrainJob
+from .pick_report import flipped_test_items, markdown, plot_dev, update_page, verdict
 
 
 def _adapter_identity(adapter: Path | str | None):
@@ -63,19 +51,6 @@ def _adapter_identity(adapter: Path | str | None):
     weights = sorted(path.glob("adapter_model*"))
     weights_hash = hashlib.sha256(b"".join(w.read_bytes() for w in weights)).hexdigest()[:16] if weights else None
     return {"path": str(adapter), "weights": weights_hash}
-
-
-class _StepTimer(TrainerCallback):
-    """Seconds of each optimizer step, into `times`."""
-
-    def __init__(self, times: list):
-        self.times, self.start = times, None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.times.append(time.perf_counter() - self.start)
 
 
 class Pick:
@@ -213,7 +188,7 @@ class Pick:
 
     def _launch(self, setting: Setting, seed: int, tmp: Path) -> None:
         """`_train` in `processes_per_job` processes (`accelerate launch`, one per GPU; on CPU, gloo), each running
-        this module on the job's description; rank 0 writes the adapters into `tmp`."""
+        `jobs` on the job's description (`TrainJob.train_rank`); rank 0 writes the adapters into `tmp`."""
         import pickle
         import socket
         import subprocess
@@ -225,7 +200,7 @@ class Pick:
         (tmp / "job.pkl").write_bytes(pickle.dumps(job))
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
                "--num_processes", str(self.cfg.processes_per_job), "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(port), "-m", "adaptguard.update.pick", str(tmp / "job.pkl"), str(tmp)]
+               "--main_process_port", str(port), "-m", "adaptguard.update.jobs", str(tmp / "job.pkl"), str(tmp)]
         self.say(f"update: {job.label} over {self.cfg.processes_per_job} processes: {' '.join(cmd[2:])}")
         subprocess.run(cmd, check=True)
         (tmp / "job.pkl").unlink()
@@ -393,7 +368,7 @@ class Pick:
                 train_dataset=Dataset.from_list(rows), processing_class=self.tok_new, peft_config=peft_config)
             trainer.remove_callback(PrinterCallback)
             times = []
-            trainer.add_callback(_StepTimer(times))
+            trainer.add_callback(StepTimer(times))
             trainer.train()
         batch = self.rows["dev" if "dev" in self.rows else "test"][:8]
         start = time.perf_counter()
@@ -427,7 +402,7 @@ class Pick:
                          f"1.5× a control step, E3's anchor, not measured); stored steps are reused")
             if workers != 1:
                 lines.append(f"  on {workers or 'as many'} workers: about {_duration(task + wall)} (the jobs' own "
-                             "start-up — imports, loading the models — not counted; docs/results.md measures it)")
+                             "start-up — imports, loading the models — not counted; studies/results.md measures it)")
         return "\n".join(lines)
 
     # -- stages ---------------------------------------------------------------------------------------------------
@@ -510,255 +485,8 @@ class Pick:
         return self.out / "chosen"
 
 
-def _same(a, b) -> bool:
-    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TrainJob:
-    """One training of the grid as a picklable description: what the driver knew (its resolved config, the grid, the
-    task adapters it prepared), the setting and seed, and the run key it computed. Its output is the run's folder
-    `steps/<name>`; a worker that computes another key (another adaptguard, other files) fails instead of storing
-    elsewhere."""
-
-    cfg: UpdateConfig
-    settings: tuple
-    adapters: tuple  # (v1's task adapter, v2's), as `Pick.prepare` found or trained them
-    setting: Setting
-    seed: int
-    name: str
-    key: dict
-    needs: tuple = ()
-    kind = "train"
-
-    @classmethod
-    def of(cls, pick: Pick, setting: Setting, seed: int) -> TrainJob:
-        return cls(pick.cfg, tuple(pick.settings), (pick.v1_adapter, pick.v2_adapter), setting, seed,
-                   *pick.run_step(setting, seed))
-
-    @property
-    def label(self) -> str:
-        return f"train {self.setting.label(epochs=False)} seed {self.seed}"
-
-    def run(self, pick: Pick | None = None) -> Path:
-        """The training, by `Pick.train_run` on `pick` (in-process: the driver's) or on this worker's `Pick`."""
-        pick = pick or worker_pick(self)
-        name, key = pick.run_step(self.setting, self.seed)
-        if name != self.name or not _same(key, self.key):
-            raise RuntimeError(f"{self.label}: this worker computes the run {name}, the driver {self.name}: is the "
-                               "same adaptguard installed, and are the task adapters the same files here?")
-        return pick.train_run(self.setting, self.seed)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ScoreJob:
-    """One scoring as a picklable description: a model ("v1", "v2", or a (setting, seed) of the grid, whose training
-    it `needs`) on a split. Its output is the score's folder `steps/<name>`."""
-
-    cfg: UpdateConfig
-    settings: tuple
-    adapters: tuple
-    split: str
-    model: object
-    name: str
-    key: dict
-    needs: tuple = ()
-    kind = "score"
-
-    @classmethod
-    def of(cls, pick: Pick, split: str, model, needs: tuple = ()) -> ScoreJob:
-        return cls(pick.cfg, tuple(pick.settings), (pick.v1_adapter, pick.v2_adapter), split, model,
-                   *pick.score_step(*pick.model_identity(model), split), needs)
-
-    @property
-    def label(self) -> str:
-        model = self.model if isinstance(self.model, str) else f"{self.model[0].label()} seed {self.model[1]}"
-        return f"score {model} on {self.split}"
-
-    def run(self, pick: Pick | None = None) -> Path:
-        pick = pick or worker_pick(self)
-        if self.model == "v1":
-            pick.v1_scores(self.split)
-        elif self.model == "v2":
-            pick.v2_scores(self.split)
-        else:
-            pick.setting_scores(*self.model, self.split)
-        return pick.store.root / self.name
-
-
-_worker: tuple[str, Pick] | None = None  # a worker's Pick, kept for its next job of the same run (Ray reuses workers)
-
-
-def worker_pick(job: TrainJob | ScoreJob) -> Pick:
-    """The `Pick` of a job's run in a worker: built from the job's config and grid (tokenizers, rows), with the task
-    adapters the driver prepared (nothing is trained here but the job)."""
-    global _worker
-    ident = digest([dataclasses.asdict(job.cfg), job.settings, job.adapters])
-    if _worker is None or _worker[0] != ident:
-        import datasets
-        import transformers
-
-        datasets.disable_progress_bars()  # a worker's log keeps the trainings' own lines, as the driver's output does
-        transformers.utils.logging.disable_progress_bar()
-        pick = Pick(job.cfg, settings=list(job.settings))
-        pick.v1_adapter, pick.v2_adapter = job.adapters
-        _worker = ident, pick
-    return _worker[1]
-
-
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
-
-
-def _settings(row: dict) -> str:
-    """'lr 0.002, 2 epochs, …' of a dev row's label `recipe (…)`."""
-    return row["label"].split(" (", 1)[1][:-1]
-
-
-def _noise(test: dict) -> str:
-    """What reruns alone do, or that it was not measured."""
-    if test.get("control_noise_floor") is None:
-        return (" Seed noise was not measured (one test seed): set test_seeds to two or more seeds to see how many "
-                "answers a rerun alone flips.")
-    return (f" Retraining the control with another seed alone flips {100 * test['control_noise_floor']:.1f} % of "
-            f"the items right → wrong (the noise floor over {len(test['seeds'])} seeds).")
-
-
-def verdict(choices: dict, test: dict) -> str:
-    """The report's one sentence (and what seed noise amounts to)."""
-    chosen, control = choices["chosen_setting"], choices["best_control_setting"]
-    ctrl = test["arms"]["control"]
-    if test["pick_vs_control"] is None:
-        others = [r for r in choices["settings"] if r["recipe"] != "control"]
-        if others:
-            best = min(others, key=lambda r: r["nfr"])
-            why = (f"no recipe beat it on dev (lowest dev NFR among the others: {best['label']}, {best['nfr']:.3f} "
-                   f"at dev accuracy {best['acc']:.3f})")
-        else:  # the default since E5: say so, not "no recipe beat it"
-            why = ("no other recipe was a candidate (name them in `candidates` to compare them; none is by default, "
-                   "as none helped in E5, docs/results.md §10)")
-        return (f"ship the control ({_settings(control)}): {why}; on test its NFR is {ctrl['nfr']:.3f} at accuracy "
-                f"{ctrl['new_acc']:.3f}." + _noise(test))
-    c = test["pick_vs_control"]
-    lo, hi = c["delta_nfr_ci"]
-    over = "items only (one seed)" if c.get("runs_fixed") else f"over {len(test['seeds'])} seeds and the items"
-    confirmed = ("the test confirms it" if hi < 0 else
-                 "on test it broke MORE answers than the control" if lo > 0 else
-                 "within seed noise: the test does not confirm it (the interval contains 0)")
-    p = ", ".join(f"{s['mcnemar_p']:.3g}" for s in c["per_seed"])
-    return (f"ship `{chosen['recipe']}` ({_settings(chosen)}): NFR "
-            f"{test['arms']['pick']['nfr']:.3f} vs control {ctrl['nfr']:.3f} on test, Δ {c['delta_nfr']:+.3f} "
-            f"(95% CI {lo:+.3f} to {hi:+.3f}, {over}; McNemar p per seed {p}); accuracy "
-            f"{test['arms']['pick']['new_acc']:.3f} vs {ctrl['new_acc']:.3f}; {confirmed}." + _noise(test))
-
-
-def markdown(report: dict) -> str:
-    ch, test = report["dev"], report["test"]
-
-    def f(v):
-        return "–" if v is None else f"{v:.3f}"
-
-    lines = ["# Update: the recipe chosen on dev, tested against the control", "",
-             f"**{report['verdict']}**", "",
-             f"Old base `{report['old_base']}` → new base `{report['new_base']}`; {report['n_train']} train, "
-             f"{ch['n_dev']} dev, {test['n_test']} test items (exact match of the greedy answer). Rule: "
-             f"{ch['rule']}; accuracy floor {ch['accuracy_floor']:.3f}.", "",
-             "## Dev: every setting (flips against v1)", "",
-             f"v1 {ch['v1_dev_acc']:.3f}, v2 {ch['v2_dev_acc']:.3f} (NFR {ch['v2_dev_nfr']:.3f}).", "",
-             "| setting | dev acc | NFR | PFR | BTC | eligible | |", "|---|---|---|---|---|---|---|"]
-    for i, r in enumerate(ch["settings"]):
-        mark = "**pick**" if i == ch["chosen"] else "best control" if i == ch["best_control"] else ""
-        lines.append(f"| {r['label']} | {f(r['acc'])} | {f(r['nfr'])} | {f(r['pfr'])} | {f(r['btc'])} | "
-                     f"{'yes' if r['acc'] >= ch['accuracy_floor'] - 1e-12 else 'no'} | {mark} |")
-    lines += ["", "![dev trade-off](dev_tradeoff.png)", "",
-              f"## Test (seeds {test['seeds']}, mean over seeds; v1 accuracy {test['v1_acc']:.3f})", "",
-              "| model | acc | NFR | PFR | BTC |", "|---|---|---|---|---|"]
-    for arm, m in test["arms"].items():
-        lines.append(f"| {arm} | {f(m['new_acc'])} | {f(m['nfr'])} | {f(m['pfr'])} | {f(m['btc'])} |")
-    c = test["pick_vs_control"]
-    if c:
-        lines += ["", f"Pick − control over {len(test['seeds'])} seed(s), intervals over seeds and items: Δ NFR "
-                  f"{c['delta_nfr']:+.3f} "
-                  f"(95% CI {c['delta_nfr_ci'][0]:+.3f} to {c['delta_nfr_ci'][1]:+.3f}), Δ accuracy "
-                  f"{c['delta_acc']:+.3f} (95% CI {c['delta_acc_ci'][0]:+.3f} to {c['delta_acc_ci'][1]:+.3f}); "
-                  "McNemar per seed: " + ", ".join(f"p {s['mcnemar_p']:.3g} ({s['n_a_only']} vs {s['n_b_only']} "
-                                                    "discordant)" for s in c["per_seed"]) + "."]
-    lines += ["", f"The chosen adapter: `chosen/` (load it on the new base with `PeftModel.from_pretrained`). "
-              f"Total {report['seconds']:.0f} s.", ""]
-    return "\n".join(lines)
-
-
-def update_page(report: dict, test_flips: list[dict], dev_png: bytes | None) -> str:
-    """`report.html`: the verdict first, the dev trade-off (every setting, the figure), the pick against the control
-    on test, and the items the shipped adapter flipped against v1 on test."""
-    from ..compat.html import figure, flips_section, page, table
-
-    ch, test = report["dev"], report["test"]
-
-    def f(v):
-        return "–" if v is None else f"{v:.3f}"
-
-    dev_rows = [[r["label"], f(r["acc"]), f(r["nfr"]), f(r["pfr"]), f(r["btc"]),
-                 "yes" if r["acc"] >= ch["accuracy_floor"] - 1e-12 else "no",
-                 "pick" if i == ch["chosen"] else "best control" if i == ch["best_control"] else ""]
-                for i, r in enumerate(ch["settings"])]
-    test_rows = [[arm, f(m["new_acc"]), f(m["nfr"]), f(m["pfr"]), f(m["btc"])] for arm, m in test["arms"].items()]
-    sections = [f"<p>Old base {report['old_base']} → new base {report['new_base']}; {report['n_train']} train, "
-                f"{ch['n_dev']} dev, {test['n_test']} test items. Rule: {ch['rule']}; accuracy floor "
-                f"{ch['accuracy_floor']:.3f}.</p>", "<h2>Dev: every setting (flips against v1)</h2>",
-                table(["setting", "dev accuracy", "NFR", "PFR", "BTC", "eligible", ""], dev_rows)]
-    if dev_png:
-        sections.append(figure(dev_png, "every setting's dev accuracy against its NFR"))
-    sections += [f"<h2>Test: the pick against the control (seeds {test['seeds']}, means over seeds)</h2>",
-                 table(["model", "accuracy", "NFR", "PFR", "BTC"], test_rows)]
-    counts: dict[str, dict[str, int]] = {}
-    for x in test_flips:
-        counts.setdefault(x["task"], {}).setdefault(x["kind"], 0)
-        counts[x["task"]][x["kind"]] += 1
-    sections.append(flips_section(test_flips, counts, note="The shipped adapter (seed of chosen/) against v1 on the "
-                                                           "test items. "))
-    return page("Update: the recipe chosen on dev, tested against the control", report["verdict"],
-                "failed" if "MORE answers" in report["verdict"] else "passed" if "test confirms it" in report["verdict"]
-                else "undecided" if "within seed noise" in report["verdict"] else "none", sections)
-
-
-def flipped_test_items(rows: list[dict], v1: dict, shipped: dict) -> list[dict]:
-    """The test items the shipped adapter flipped against v1, broke first: prompt, gold, v1's and its answer."""
-    from ..utils.generation import answer_text
-
-    out = []
-    for i, (r, o, n) in enumerate(zip(rows, v1["correct"], shipped["correct"])):
-        if o != n:
-            prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
-            out.append({"task": "test", "doc_id": i, "kind": "negative" if o else "positive", "prompt": prompt,
-                        "gold": answer_text(r["completion"]), "old": v1["pred"][i], "new": shipped["pred"][i]})
-    return sorted(out, key=lambda x: x["kind"] != "negative")
-
-
-def plot_dev(choices: dict, path: Path) -> None:
-    """Dev accuracy vs NFR of every setting, by recipe; the accuracy floor; the pick and the best control marked."""
-    from ..utils.figures import new_figure, save_figure
-
-    fig = new_figure(figsize=(6.4, 4.4))
-    ax = fig.subplots()
-    rows = choices["settings"]
-    for recipe in dict.fromkeys(r["recipe"] for r in rows):
-        pts = [r for r in rows if r["recipe"] == recipe]
-        ax.scatter([r["acc"] for r in pts], [r["nfr"] for r in pts], label=recipe, s=40,
-                   marker="s" if recipe == "control" else "o", alpha=0.8)
-    for key, style in (("chosen", dict(s=220, facecolors="none", edgecolors="red", linewidths=1.5, label="pick")),
-                       ("best_control", dict(s=220, facecolors="none", edgecolors="black", linewidths=1,
-                                             label="best control"))):
-        r = rows[choices[key]]
-        ax.scatter([r["acc"]], [r["nfr"]], **style)
-    ax.axvline(choices["accuracy_floor"], color="grey", linestyle="--", linewidth=1, label="accuracy floor")
-    ax.set_xlabel("dev accuracy (exact match)")
-    ax.set_ylabel("dev NFR against v1 (lower is better)")
-    ax.set_title("Every candidate setting on dev", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
 
 
 def _prepared(pick: Pick) -> bool:
@@ -809,14 +537,3 @@ def run_pick(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     atomic_write_text(pick.out / "report.html", update_page(report, flipped_test_items(pick.rows["test"], pick.v1_scores(
         "test"), shipped), (pick.out / "dev_tradeoff.png").read_bytes()))
     return report
-
-
-if __name__ == "__main__":  # one rank of a training spread over processes (`Pick._launch`): JOB.pkl TMP
-    import pickle
-
-    from adaptguard.update.pick import worker_pick as _worker_pick  # the job's classes are the package module's
-
-    _job = pickle.loads(Path(sys.argv[1]).read_bytes())
-    _pick = _worker_pick(_job)
-    _pick._train(_job.setting, _job.seed, _job.key["epochs"], sorted({s.epochs for s in _pick.settings}),
-                 Path(sys.argv[2]))
