@@ -195,10 +195,13 @@ def test_the_sentence_says_when_the_control_was_the_only_candidate():
     focal = {"recipe": "focal", "label": "focal (lr 0.002, 1 epoch)", "acc": 0.7, "nfr": 0.05}
     test = {"arms": {"control": {"nfr": 0.125, "new_acc": 0.75}}, "pick_vs_control": None, "seeds": [0]}
     alone = verdict({"chosen_setting": control, "best_control_setting": control, "settings": [control]}, test)
+    assert alone.status is None  # nothing was tested against a control
+    alone = alone.sentence
     assert alone.startswith("ship the control (lr 0.002, 1 epoch): no other recipe was a candidate (name them in "
                             "`candidates`") and "no recipe beat it" not in alone
     assert "on test its NFR is 0.125 at accuracy 0.750." in alone
-    both = verdict({"chosen_setting": control, "best_control_setting": control, "settings": [control, focal]}, test)
+    both = verdict({"chosen_setting": control, "best_control_setting": control, "settings": [control, focal]},
+                   test).sentence
     assert "no recipe beat it on dev (lowest dev NFR among the others: focal (lr 0.002, 1 epoch), 0.050 at dev " \
            "accuracy 0.700)" in both
 

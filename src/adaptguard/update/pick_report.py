@@ -1,10 +1,49 @@
-"""What `pick.run_pick` writes beside the chosen adapter: the one-sentence verdict (`verdict`), `report.md`
-(`markdown`), `report.html` (`update_page`, with the test items the shipped adapter flipped against v1:
-`flipped_test_items`) and `dev_tradeoff.png` (`plot_dev`)."""
+"""What `pick.run_pick` writes beside the chosen adapter: the verdict (`UpdateVerdict`: its status and its one
+sentence, built by `verdict` alone), `report.md` (`markdown`), `report.html` (`update_page`, with the test items the
+shipped adapter flipped against v1: `flipped_test_items`) and `dev_tradeoff.png` (`plot_dev`).
+
+The status is a decision of the project's one vocabulary (`compat.verdicts.Decision`), from the interval of the
+pick − control difference in NFR on test; the page shows it as the compare page does (`OUTCOMES[status].word`,
+`NOTHING_GATED` when the control is shipped). The renderers take a report as report.json holds it and rebuild its
+verdict from its dev choices and test results by `verdict`, so a report read back shows what the run showed."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+
+from ..compat.verdicts import NOTHING_GATED, OUTCOMES, Decision
+
+
+@dataclass(frozen=True)
+class UpdateVerdict:
+    """The update's verdict: `status`, what the test says of the pick against the control (CLEAR: the interval of
+    Δ NFR lies below 0, the test confirms the pick; BREACH: above 0, it broke MORE of v1's answers than the control;
+    UNDECIDED: the interval contains 0, within seed noise; None: the control is shipped, nothing was tested against
+    a control), and `sentence`, the report's one sentence (report.json's "verdict")."""
+
+    status: Decision | None
+    sentence: str
+
+    @property
+    def word(self) -> str:
+        """The page's status: failed, undecided, passed, or none (the compare page's words)."""
+        return NOTHING_GATED if self.status is None else OUTCOMES[self.status].word
+
+
+def status_of(test: dict) -> Decision | None:
+    """What the test says of the pick against the control (see `UpdateVerdict.status`), from the 95 % interval of
+    the pick − control difference in NFR; None when the control is shipped."""
+    c = test["pick_vs_control"]
+    if c is None:
+        return None
+    lo, hi = c["delta_nfr_ci"]
+    return Decision.CLEAR if hi < 0 else Decision.BREACH if lo > 0 else Decision.UNDECIDED
+
+
+_CONFIRMED = {Decision.CLEAR: "the test confirms it",
+              Decision.BREACH: "on test it broke MORE answers than the control",
+              Decision.UNDECIDED: "within seed noise: the test does not confirm it (the interval contains 0)"}
 
 
 def _settings(row: dict) -> str:
@@ -21,11 +60,13 @@ def _noise(test: dict) -> str:
             f"the items right → wrong (the noise floor over {len(test['seeds'])} seeds).")
 
 
-def verdict(choices: dict, test: dict) -> str:
-    """The report's one sentence (and what seed noise amounts to)."""
+def verdict(choices: dict, test: dict) -> UpdateVerdict:
+    """The report's verdict from the dev choices and the test results: its status (`status_of`) and its one
+    sentence (and what seed noise amounts to)."""
     chosen, control = choices["chosen_setting"], choices["best_control_setting"]
     ctrl = test["arms"]["control"]
-    if test["pick_vs_control"] is None:
+    status = status_of(test)
+    if status is None:
         others = [r for r in choices["settings"] if r["recipe"] != "control"]
         if others:
             best = min(others, key=lambda r: r["nfr"])
@@ -34,29 +75,29 @@ def verdict(choices: dict, test: dict) -> str:
         else:  # the default since E5: say so, not "no recipe beat it"
             why = ("no other recipe was a candidate (name them in `candidates` to compare them; none is by default, "
                    "as none helped in E5, studies/results.md §10)")
-        return (f"ship the control ({_settings(control)}): {why}; on test its NFR is {ctrl['nfr']:.3f} at accuracy "
-                f"{ctrl['new_acc']:.3f}." + _noise(test))
+        return UpdateVerdict(None, f"ship the control ({_settings(control)}): {why}; on test its NFR is "
+                                   f"{ctrl['nfr']:.3f} at accuracy {ctrl['new_acc']:.3f}." + _noise(test))
     c = test["pick_vs_control"]
     lo, hi = c["delta_nfr_ci"]
     over = "items only (one seed)" if c.get("runs_fixed") else f"over {len(test['seeds'])} seeds and the items"
-    confirmed = ("the test confirms it" if hi < 0 else
-                 "on test it broke MORE answers than the control" if lo > 0 else
-                 "within seed noise: the test does not confirm it (the interval contains 0)")
     p = ", ".join(f"{s['mcnemar_p']:.3g}" for s in c["per_seed"])
-    return (f"ship `{chosen['recipe']}` ({_settings(chosen)}): NFR "
-            f"{test['arms']['pick']['nfr']:.3f} vs control {ctrl['nfr']:.3f} on test, Δ {c['delta_nfr']:+.3f} "
-            f"(95% CI {lo:+.3f} to {hi:+.3f}, {over}; McNemar p per seed {p}); accuracy "
-            f"{test['arms']['pick']['new_acc']:.3f} vs {ctrl['new_acc']:.3f}; {confirmed}." + _noise(test))
+    return UpdateVerdict(status, f"ship `{chosen['recipe']}` ({_settings(chosen)}): NFR "
+                                 f"{test['arms']['pick']['nfr']:.3f} vs control {ctrl['nfr']:.3f} on test, Δ "
+                                 f"{c['delta_nfr']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, {over}; McNemar p per seed "
+                                 f"{p}); accuracy {test['arms']['pick']['new_acc']:.3f} vs {ctrl['new_acc']:.3f}; "
+                                 f"{_CONFIRMED[status]}." + _noise(test))
+
+
+def _f(v) -> str:
+    return "–" if v is None else f"{v:.3f}"
 
 
 def markdown(report: dict) -> str:
+    """`report.md`: the verdict's sentence first, every setting on dev, the arms on test, the pick − control
+    difference."""
     ch, test = report["dev"], report["test"]
-
-    def f(v):
-        return "–" if v is None else f"{v:.3f}"
-
     lines = ["# Update: the recipe chosen on dev, tested against the control", "",
-             f"**{report['verdict']}**", "",
+             f"**{verdict(ch, test).sentence}**", "",
              f"Old base `{report['old_base']}` → new base `{report['new_base']}`; {report['n_train']} train, "
              f"{ch['n_dev']} dev, {test['n_test']} test items (exact match of the greedy answer). Rule: "
              f"{ch['rule']}; accuracy floor {ch['accuracy_floor']:.3f}.", "",
@@ -65,13 +106,13 @@ def markdown(report: dict) -> str:
              "| setting | dev acc | NFR | PFR | BTC | eligible | |", "|---|---|---|---|---|---|---|"]
     for i, r in enumerate(ch["settings"]):
         mark = "**pick**" if i == ch["chosen"] else "best control" if i == ch["best_control"] else ""
-        lines.append(f"| {r['label']} | {f(r['acc'])} | {f(r['nfr'])} | {f(r['pfr'])} | {f(r['btc'])} | "
+        lines.append(f"| {r['label']} | {_f(r['acc'])} | {_f(r['nfr'])} | {_f(r['pfr'])} | {_f(r['btc'])} | "
                      f"{'yes' if r['acc'] >= ch['accuracy_floor'] - 1e-12 else 'no'} | {mark} |")
     lines += ["", "![dev trade-off](dev_tradeoff.png)", "",
               f"## Test (seeds {test['seeds']}, mean over seeds; v1 accuracy {test['v1_acc']:.3f})", "",
               "| model | acc | NFR | PFR | BTC |", "|---|---|---|---|---|"]
     for arm, m in test["arms"].items():
-        lines.append(f"| {arm} | {f(m['new_acc'])} | {f(m['nfr'])} | {f(m['pfr'])} | {f(m['btc'])} |")
+        lines.append(f"| {arm} | {_f(m['new_acc'])} | {_f(m['nfr'])} | {_f(m['pfr'])} | {_f(m['btc'])} |")
     c = test["pick_vs_control"]
     if c:
         lines += ["", f"Pick − control over {len(test['seeds'])} seed(s), intervals over seeds and items: Δ NFR "
@@ -86,20 +127,16 @@ def markdown(report: dict) -> str:
 
 
 def update_page(report: dict, test_flips: list[dict], dev_png: bytes | None) -> str:
-    """`report.html`: the verdict first, the dev trade-off (every setting, the figure), the pick against the control
-    on test, and the items the shipped adapter flipped against v1 on test."""
+    """`report.html`: the verdict first (its sentence, coloured by its status), the dev trade-off (every setting, the
+    figure), the pick against the control on test, and the items the shipped adapter flipped against v1 on test."""
     from ..compat.html import figure, flips_section, page, table
 
     ch, test = report["dev"], report["test"]
-
-    def f(v):
-        return "–" if v is None else f"{v:.3f}"
-
-    dev_rows = [[r["label"], f(r["acc"]), f(r["nfr"]), f(r["pfr"]), f(r["btc"]),
+    dev_rows = [[r["label"], _f(r["acc"]), _f(r["nfr"]), _f(r["pfr"]), _f(r["btc"]),
                  "yes" if r["acc"] >= ch["accuracy_floor"] - 1e-12 else "no",
                  "pick" if i == ch["chosen"] else "best control" if i == ch["best_control"] else ""]
                 for i, r in enumerate(ch["settings"])]
-    test_rows = [[arm, f(m["new_acc"]), f(m["nfr"]), f(m["pfr"]), f(m["btc"])] for arm, m in test["arms"].items()]
+    test_rows = [[arm, _f(m["new_acc"]), _f(m["nfr"]), _f(m["pfr"]), _f(m["btc"])] for arm, m in test["arms"].items()]
     sections = [f"<p>Old base {report['old_base']} → new base {report['new_base']}; {report['n_train']} train, "
                 f"{ch['n_dev']} dev, {test['n_test']} test items. Rule: {ch['rule']}; accuracy floor "
                 f"{ch['accuracy_floor']:.3f}.</p>", "<h2>Dev: every setting (flips against v1)</h2>",
@@ -114,9 +151,8 @@ def update_page(report: dict, test_flips: list[dict], dev_png: bytes | None) -> 
         counts[x["task"]][x["kind"]] += 1
     sections.append(flips_section(test_flips, counts, note="The shipped adapter (seed of chosen/) against v1 on the "
                                                            "test items. "))
-    return page("Update: the recipe chosen on dev, tested against the control", report["verdict"],
-                "failed" if "MORE answers" in report["verdict"] else "passed" if "test confirms it" in report["verdict"]
-                else "undecided" if "within seed noise" in report["verdict"] else "none", sections)
+    v = verdict(ch, test)
+    return page("Update: the recipe chosen on dev, tested against the control", v.sentence, v.word, sections)
 
 
 def flipped_test_items(rows: list[dict], v1: dict, shipped: dict) -> list[dict]:
