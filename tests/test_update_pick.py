@@ -368,7 +368,7 @@ def test_default_candidates_follow_e5(tmp_path):
     from adaptguard.update.candidates import expand_candidates
     from studies.recipes_vs_control import ARMS
 
-    report = json.loads((Path(__file__).parents[1] / "docs/results/e5_report.json").read_text())["E3"]
+    report = json.loads((Path(__file__).parents[1] / "studies/results/e5_report.json").read_text())["E3"]
     for name, update in report["updates"].items():  # the family is complete: every registered seed is in
         for arm, r in update["arms"].items():
             registered = 8 if name != "generative" or arm in ("control", "focal") else 3

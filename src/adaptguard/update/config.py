@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..models.embedded import check_model_name
 
-# The recipes that E5 (docs/results.md §10; docs/results/e5_report.json) found to help on some update by its
+# The recipes that E5 (studies/results.md §10; studies/results/e5_report.json) found to help on some update by its
 # registered rule: Δ NFR against the control below 0 at run level after the family's correction, Δ accuracy above
 # −2 points. `tests/test_update_pick.py` derives this from the committed report.
 E5_HELPS: tuple[str, ...] = ()
@@ -242,7 +242,7 @@ class UpdateConfig:
 
     def default_candidates(self) -> list[dict]:
         """The pick's candidates when none are given, at the compat learning rate and epochs: the control and every
-        recipe that E5 (docs/results.md §10) found to help on some update, with E3's settings (T = `temperature`).
+        recipe that E5 (studies/results.md §10) found to help on some update, with E3's settings (T = `temperature`).
         None did, so with no `candidates` update retrains on the labels: the control alone."""
         budget = {"learning_rate": [self.compat_learning_rate], "epochs": [max(1, round(self.compat_epochs))]}
         distill = {"temperature": [self.temperature]}
