@@ -518,7 +518,7 @@ def test_the_built_wheel_compares_the_shipped_pair(tmp_path):
 def assert_outputs_agree(folder: Path, code: int) -> None:
     """The JSON, the Markdown, the page and the exit code of one `compare` say the same: the status, every
     decision in the verdict column, and no verdict word the gate did not reach."""
-    from adaptguard.compat.gate import EXIT_PASSED, EXIT_REGRESSION, EXIT_UNDECIDED
+    from adaptguard.compat.verdicts import EXIT_PASSED, EXIT_REGRESSION, EXIT_UNDECIDED
 
     report = json.loads((folder / "report.json").read_text())
     gate = report["gate"]

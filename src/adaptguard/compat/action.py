@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .verdicts import OUTCOMES, Decision, Gate
+
 # the inputs this module reads (action.yml passes each to it; tests/test_action.py holds the two lists equal)
 INPUTS = ("old", "new", "fail-on", "significance", "undecided-fails", "markdown", "html", "comment", "comment-key",
           "pr-number", "github-token", "args")
@@ -111,7 +113,7 @@ def run_gate(env: Mapping[str, str], workdir: Path) -> dict:
         return {**out, "decision": "bad-input", "refusal": refusal}
     sys.stderr.write(proc.stderr)
     gate = json.loads(json_path.read_text()).get("gate") if json_path.exists() else None
-    expected = {"breach": 1, "undecided": 3, "clear": 0}.get((gate or {}).get("status"))
+    expected = None if gate is None else OUTCOMES[Gate.of(gate).status].exit_code
     if expected != proc.returncode:  # a crash (a traceback above), not a decision
         return {**out, "decision": "error"}
     return {**out, "decision": gate["status"], "gate": gate, "markdown": markdown, "kept": given or None,
@@ -121,7 +123,7 @@ def run_gate(env: Mapping[str, str], workdir: Path) -> dict:
 def counts(gate: dict | None) -> dict[str, int]:
     decisions = (gate or {}).get("decisions", [])
     out = {key: len([d for d in decisions if d["decision"] == kind])
-           for key, kind in (("breaches", "breach"), ("undecided", "undecided"), ("clear", "clear"))}
+           for key, kind in (("breaches", Decision.BREACH), ("undecided", Decision.UNDECIDED), ("clear", Decision.CLEAR))}
     return {**out, "left-out": len((gate or {}).get("left_out", []))}
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .runs import Sample
+from .verdicts import Gate
 
 
 @dataclass
@@ -60,7 +61,7 @@ class Comparison(Mapping[str, Any]):
     overall: dict[str, dict] = field(default_factory=dict)  # per candidate: its tasks that are not churn, pooled
     across_tasks: dict[str, dict] = field(default_factory=dict)  # per candidate: Kübler et al.'s verdict
     notes: list[str] = field(default_factory=list)  # what was chosen for the user
-    gate: dict | None = None  # `gate.check_gate`'s decisions, with --fail-on
+    gate: Gate | None = None  # `gate.check_gate`'s decisions, with --fail-on
     negative_flips: dict[str, list[dict]] | None = None  # per task, the flips --show-flips shows
 
     @classmethod
@@ -68,7 +69,9 @@ class Comparison(Mapping[str, Any]):
         """`report` typed: as it is, or a mapping shaped as `report.json` (read back, or built by hand)."""
         if isinstance(report, Comparison):
             return report
-        return cls(**{**report, "tasks": {k: TaskComparison.of(e) for k, e in report.get("tasks", {}).items()}})
+        gate = report.get("gate")
+        return cls(**{**report, "tasks": {k: TaskComparison.of(e) for k, e in report.get("tasks", {}).items()},
+                      "gate": None if gate is None else Gate.of(gate)})
 
     def _keys(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name) is not None
@@ -94,7 +97,7 @@ def json_ready(obj):
     """`obj` for JSON: tuples as lists, a float that is not finite as null."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):  # a dict, or a typed record that reads as one (`verdicts`)
         return {k: json_ready(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [json_ready(v) for v in obj]

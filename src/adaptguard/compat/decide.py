@@ -26,13 +26,21 @@ from decimal import Decimal
 from fractions import Fraction
 
 from .metrics import _EPS, binomial_p  # noqa: F401  (binomial_p: the fixed-n rate test, used here and by callers)
+from .verdicts import Across, Decision, Evidence, Reason, ThresholdDecision, beyond
 
 RATE_METRICS = ("nfr", "pfr", "inconsistency_flips", "old_acc", "new_acc", "btc", "smooth_nfr", "smooth_pfr")
 RUN_LEVEL_METRICS = ("nfr", "excess_nfr", "acc_drop")  # with a run-level test when a side has replicates
 # metrics about which answers flipped: on a task where both models may be guessing they measure churn, not the update
 FLIP_METRICS = ("nfr", "pfr", "btc", "inconsistency_flips", "excess_nfr", "smooth_nfr", "smooth_pfr")
 ACROSS_METHODS = ("pooled", "max_drop", "fisher")
-DECISIONS = ("breach", "undecided", "clear")  # the one vocabulary of every output
+DECISIONS = tuple(Decision)  # breach, undecided, clear: the one vocabulary of every output (`verdicts`)
+
+
+def evidence_kind(entry: Mapping) -> Evidence:
+    """The kind of evidence an entry holds (`verdicts.Evidence`)."""
+    if "sequential" in entry:
+        return Evidence.GROUP if entry["sequential"].get("design") == "group" else Evidence.ANYTIME
+    return Evidence.REPLICATES if replicated(entry) else Evidence.ONE_RUN
 
 
 def replicated(entry: Mapping) -> bool:
@@ -274,59 +282,41 @@ def test_name(entry: Mapping, metric: str, threshold: float = 0.0) -> str:
     return "exact one-sided binomial on the item counts"
 
 
-def decide_threshold(name: str, entry: Mapping, t, alpha: float | None) -> dict:
-    """One (task, threshold) decided (module docstring): `decision` ∈ DECISIONS, `why`, `p_value` (of the breach
-    test), `p_within` (of the clear test), `interval` and `level` (the decision's), `mde` / `items_needed` (how far the
-    data reach, where undecided), `test`. With `alpha` None, raw values compared (no test)."""
+def decide_threshold(name: str, entry: Mapping, t, alpha: float | None) -> ThresholdDecision:
+    """One (task, threshold) decided (module docstring): its `decision` and `reason`, `p_value` (of the breach test),
+    `p_within` (of the clear test), `interval` and `level` (the decision's), `mde` / `items_needed` (how far the data
+    reach, where undecided), `test`. With `alpha` None, raw values compared (no test)."""
     if alpha is not None and (entry.get("sequential") or {}).get("design") == "group":
         return decide_group(name, entry, t, alpha)
-    v = value(entry, t.metric)
-    base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": v}
+    base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value,
+            "value": value(entry, t.metric)}
     side = relation(entry, t.metric, _exact(t))
     if alpha is None:
-        return {**base, "decision": "breach" if _beyond(side, t.op) else "clear", "why": _raw_why(side, t.op),
-                "p_value": None, "p_within": None, "test": None, "interval": None, "level": None, "mde": None,
-                "items_needed": None}
+        return ThresholdDecision(**base, decision=Decision.BREACH if beyond(side, t.op) else Decision.CLEAR,
+                                 reason=Reason.untested(side, t.op))
     flip = "<" if t.op == ">" else ">"
     p, p_within = p_beyond(entry, t.metric, t.value, t.op), p_beyond(entry, t.metric, t.value, flip)
+    decision, reason = _decided(p, p_within, alpha, side, t.op)
+    undecided = decision is Decision.UNDECIDED
+    return ThresholdDecision(**base, decision=decision, reason=reason, p_value=p, p_within=p_within,
+                             evidence=evidence_kind(entry),
+                             test=test_name(entry, t.metric, t.value), interval=interval(entry, t.metric, alpha),
+                             level=1 - 2 * alpha, mde=mde(entry, t.metric, alpha),
+                             items_needed=items_needed(entry, t.metric, _exact(t), t.op, alpha) if undecided else None)
+
+
+def _decided(p: float, p_within: float, alpha: float, side: int, op: str) -> tuple[Decision, Reason]:
+    """The decision of a threshold's two one-sided tests at α (the breach test first)."""
     if p < alpha:
-        decision, why = "breach", "the data support it"
-    elif p_within < alpha:
-        decision, why = "clear", "the data show it within the threshold"
-    else:
-        decision, why = "undecided", _undecided_why(side, t.op)
-    undecided = decision == "undecided"
-    return {**base, "decision": decision, "why": why, "p_value": p, "p_within": p_within,
-            "test": test_name(entry, t.metric, t.value), "interval": interval(entry, t.metric, alpha),
-            "level": 1 - 2 * alpha, "mde": mde(entry, t.metric, alpha),
-            "items_needed": items_needed(entry, t.metric, _exact(t), t.op, alpha) if undecided else None}
-
-
-AT_THRESHOLD = "at the threshold"  # how every `why` of a value exactly at its threshold begins
+        return Decision.BREACH, Reason.SUPPORTED
+    if p_within < alpha:
+        return Decision.CLEAR, Reason.SHOWN_WITHIN
+    return Decision.UNDECIDED, Reason.undecided(side, op)
 
 
 def _exact(t) -> Fraction:
     exact = getattr(t, "exact", None)
     return as_fraction(t.value) if exact is None else exact
-
-
-def _beyond(side: int, op: str) -> bool:
-    """Is a value on `side` of its threshold (`relation`) beyond it for `op`? At the threshold it is not."""
-    return side > 0 if op == ">" else side < 0
-
-
-def _raw_why(side: int, op: str) -> str:
-    """Why a raw value (no test) is a breach or clear: beyond, exactly at (not beyond: clear), or within."""
-    if side == 0:
-        return f"{AT_THRESHOLD}, not beyond it"
-    return "beyond the threshold" if _beyond(side, op) else "within the threshold"
-
-
-def _undecided_why(side: int, op: str) -> str:
-    if side == 0:
-        return f"{AT_THRESHOLD}: neither beyond it nor shown within it"
-    return ("beyond the threshold, but not significantly" if _beyond(side, op) else
-            "within the threshold, but the data cannot show it")
 
 
 # ------------------------------------------------------------------------------------------------- churn
@@ -396,18 +386,18 @@ def across_tasks(entries: list[Mapping], pooled: dict, margin: float = 0.0, op: 
     return {"pooled": p_beyond(pooled, "acc_drop", margin, op), **combined_drop_p(per_task)}
 
 
-def decide_across(name: str, names: list[str], entries: list[Mapping], pooled: dict, t, alpha: float | None) -> dict:
+def decide_across(name: str, names: list[str], entries: list[Mapping], pooled: dict, t, alpha: float | None
+                  ) -> ThresholdDecision:
     """`overall:acc_drop>θ` (or `<θ`) decided across tasks, stating exactly what its test shows: a breach of the
     pooled drop (the pooled test at α/3), or — named as such, with the task — "some task dropped more than θ" (the
     max-drop or Fisher test at α/3; the task is the one with the smallest p); clear when the pooled test shows the
     pooled drop within θ at α and neither other test rejects; else undecided."""
-    drop = pooled["old_acc"] - pooled["new_acc"]
-    base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": drop,
-            "shows": "pooled", "worst_task": None, "interval": None, "level": None, "items_needed": None}
+    base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value,
+            "value": pooled["old_acc"] - pooled["new_acc"]}
     side = relation(pooled, "acc_drop", _exact(t))  # the pooled drop against θ, exactly
     if alpha is None:
-        return {**base, "decision": "breach" if _beyond(side, t.op) else "clear", "why": _raw_why(side, t.op),
-                "p_value": None, "p_within": None, "test": None, "mde": None}
+        return ThresholdDecision(**base, decision=Decision.BREACH if beyond(side, t.op) else Decision.CLEAR,
+                                 reason=Reason.untested(side, t.op), across=Across("pooled"))
     if all("sequential" in e for e in entries):
         return _across_sequential(base, names, entries, t, alpha, side)
     split = alpha / len(ACROSS_METHODS)
@@ -415,21 +405,24 @@ def decide_across(name: str, names: list[str], entries: list[Mapping], pooled: d
     within = p_beyond(pooled, "acc_drop", t.value, "<" if t.op == ">" else ">")
     per_task = [p_beyond(e, "acc_drop", t.value, t.op) for e in entries]
     worst = min(range(len(entries)), key=per_task.__getitem__)
-    test = f"pooled, max-drop and Fisher tests, each at α/3 = {split:.3g}"
-    out = {**base, "p_value": min(1.0, len(ACROSS_METHODS) * min(towards.values())), "p_within": within,
-           "p_methods": towards, "test": test, "mde": None}
+    tested = {**base, "p_value": min(1.0, len(ACROSS_METHODS) * min(towards.values())), "p_within": within,
+              "test": f"pooled, max-drop and Fisher tests, each at α/3 = {split:.3g}"}
     if towards["pooled"] < split:
-        return {**out, "decision": "breach", "why": "the data support it"}
+        return ThresholdDecision(**tested, decision=Decision.BREACH, reason=Reason.SUPPORTED,
+                                 across=Across("pooled", p_methods=towards))
     if min(towards["max_drop"], towards["fisher"]) < split:
         e = entries[worst]
-        return {**out, "decision": "breach", "shows": "some_task", "value": e["old_acc"] - e["new_acc"],
-                "worst_task": names[worst], "why": "some task dropped beyond the threshold"}
+        return ThresholdDecision(**{**tested, "value": e["old_acc"] - e["new_acc"]}, decision=Decision.BREACH,
+                                 reason=Reason.SOME_TASK, across=Across("some_task", names[worst], towards))
     if within < alpha:
-        return {**out, "decision": "clear", "why": "the data show it within the threshold"}
-    return {**out, "decision": "undecided", "mde": mde(pooled, "acc_drop", alpha), "why": _undecided_why(side, t.op)}
+        return ThresholdDecision(**tested, decision=Decision.CLEAR, reason=Reason.SHOWN_WITHIN,
+                                 across=Across("pooled", p_methods=towards))
+    return ThresholdDecision(**tested, decision=Decision.UNDECIDED, reason=Reason.undecided(side, t.op),
+                             mde=mde(pooled, "acc_drop", alpha), across=Across("pooled", p_methods=towards))
 
 
-def _across_sequential(base: dict, names: list[str], entries: list[Mapping], t, alpha: float, side: int) -> dict:
+def _across_sequential(base: dict, names: list[str], entries: list[Mapping], t, alpha: float, side: int
+                       ) -> ThresholdDecision:
     """`overall:acc_drop>θ` evaluated until decided: a breach ("some task dropped more than θ") when the product of
     the tasks' betting e-processes (independent tasks: a product is an e-process) reaches 1/α at some round of looks
     (a stopped task's wealth held); clear when every task's drop is shown below θ at α/K (then so is the pooled
@@ -442,15 +435,17 @@ def _across_sequential(base: dict, names: list[str], entries: list[Mapping], t, 
     p = min(1.0, 1 / max(product, default=1.0))
     within = [anytime_p(e, "acc_drop", t.value, "<" if t.op == ">" else ">") for e in entries]
     worst = int(np.argmax([w[-1] if w else 1.0 for w in towards]))
-    out = {**base, "p_value": p, "p_within": min(1.0, len(entries) * max(within)), "mde": None,
-           "test": f"anytime-valid betting e-processes, their product across {len(entries)} tasks"}
+    tested = {**base, "p_value": p, "p_within": min(1.0, len(entries) * max(within)),
+              "test": f"anytime-valid betting e-processes, their product across {len(entries)} tasks"}
     if p < alpha:
         e = entries[worst]
-        return {**out, "decision": "breach", "shows": "some_task", "worst_task": names[worst],
-                "value": e["old_acc"] - e["new_acc"], "why": "some task dropped beyond the threshold"}
+        return ThresholdDecision(**{**tested, "value": e["old_acc"] - e["new_acc"]}, decision=Decision.BREACH,
+                                 reason=Reason.SOME_TASK, across=Across("some_task", names[worst]))
     if max(within) < alpha / len(entries):
-        return {**out, "decision": "clear", "why": "the data show it within the threshold"}
-    return {**out, "decision": "undecided", "why": _undecided_why(side, t.op)}
+        return ThresholdDecision(**tested, decision=Decision.CLEAR, reason=Reason.SHOWN_WITHIN,
+                                 across=Across("pooled"))
+    return ThresholdDecision(**tested, decision=Decision.UNDECIDED, reason=Reason.undecided(side, t.op),
+                             across=Across("pooled"))
 
 
 def across_verdict(names: list[str], entries: list[Mapping], pooled: dict, alpha: float) -> dict:
@@ -760,7 +755,7 @@ def _certain(entry: Mapping, metric: str, theta: float, greater: bool, alpha: fl
     return p_beyond(worst, metric, theta, ">" if greater else "<") < alpha
 
 
-def group_stop(entry: Mapping, t, alpha: float) -> tuple[str, int | None, dict]:
+def group_stop(entry: Mapping, t, alpha: float) -> tuple[Decision, int | None, dict]:
     """Where a group-sequential entry's (task, threshold) stops: (decision, the index of the look that decided it or
     None, the sides' p-values). A side whose early boundary a look crossed decides at the first such look (it stays
     so, whatever later looks add: the run stopped there); else, once the strata the metric needs are done,
@@ -773,47 +768,47 @@ def group_stop(entry: Mapping, t, alpha: float) -> tuple[str, int | None, dict]:
     if not need:
         complete = [None]  # old_acc: the baseline alone decides it
     if t.metric == "btc" and m_r == 0:  # btc is not defined without an item the old model got right
-        return "undecided", None, {"p_value": 1.0, "p_within": 1.0}
+        return Decision.UNDECIDED, None, {"p_value": 1.0, "p_within": 1.0}
     early = looks[: complete[0]] if complete and complete[0] is not None else looks
     flip = "<" if t.op == ">" else ">"
     side = _rate_side if need in ("R", "W") else _score_side
     towards = side(entry, t.metric, float(t.value), t.op == ">", alpha, early) if early else (None, 1.0)
     within = side(entry, t.metric, float(t.value), flip == ">", alpha, early) if early else (None, 1.0)
     ps = {"p_value": towards[1], "p_within": within[1]}
-    first = [(j, d) for (j, _), d in ((towards, "breach"), (within, "clear")) if j is not None]
+    first = [(j, d) for (j, _), d in ((towards, Decision.BREACH), (within, Decision.CLEAR)) if j is not None]
     if first:
-        j, decision = min(first, key=lambda x: (x[0], x[1] != "breach"))
+        j, decision = min(first, key=lambda x: (x[0], x[1] is not Decision.BREACH))
         return decision, j, ps
     if complete:
         last = looks[complete[0]] if complete[0] is not None else {"n": 0, "n_r": 0, "n_w": 0, "b": 0, "c": 0}
         full = decide_threshold("", _full_entry(entry, last), t, alpha)
-        return full["decision"], complete[0], {"p_value": full["p_value"], "p_within": full["p_within"], "full": full}
-    return "undecided", None, ps
+        return full.decision, complete[0], {"p_value": full.p_value, "p_within": full.p_within, "full": full}
+    return Decision.UNDECIDED, None, ps
 
 
-def decide_group(name: str, entry: Mapping, t, alpha: float) -> dict:
+def decide_group(name: str, entry: Mapping, t, alpha: float) -> ThresholdDecision:
     """One (task, threshold) of a group-sequential entry (`group_sequential`'s design; where it stops: `group_stop`)."""
+    from dataclasses import replace
+
     s = entry["sequential"]
     big_n = s["items"]
     decision, _, ps = group_stop(entry, t, alpha)
     if "full" in ps:
         full = ps["full"]
-        return {**full, "task": name,
-                "test": f"{full['test']} on all {big_n} items, once the items that can change it were done"}
+        return replace(full, task=name, evidence=Evidence.GROUP,
+                       test=f"{full.test} on all {big_n} items, once the items that can change it were done")
     need = {"nfr": "R", "btc": "R", "pfr": "W"}.get(t.metric, "RW")
     kind = "exact binomial boundaries" if need in ("R", "W") else "score boundaries, O'Brien–Fleming α/5"
     k = len(s["looks"])
     test = (f"group-sequential over the {big_n} items ({kind} at {k} {'look' if k == 1 else 'looks'}; at the last, "
             "compare's fixed-n test)")
     v = group_estimate(entry, t.metric)
-    base = {"task": name, "expr": t.expr, "metric": t.metric, "op": t.op, "threshold": t.value, "value": v, **ps,
-            "test": test, "interval": None, "level": None, "mde": None, "items_needed": None, "decision": decision}
-    if decision == "breach":
-        return {**base, "why": "the data support it"}
-    if decision == "clear":
-        return {**base, "why": "the data show it within the threshold"}
     side = 0 if v is None else (v > float(t.value)) - (v < float(t.value))
-    return {**base, "why": _undecided_why(side, t.op)}
+    reason = {Decision.BREACH: Reason.SUPPORTED, Decision.CLEAR: Reason.SHOWN_WITHIN}.get(
+        decision, Reason.undecided(side, t.op))
+    return ThresholdDecision(task=name, expr=t.expr, metric=t.metric, op=t.op, threshold=t.value, value=v,
+                             decision=decision, reason=reason, p_value=ps["p_value"], p_within=ps["p_within"],
+                             test=test, evidence=Evidence.GROUP)
 
 
 def _group_p(entry: Mapping, metric: str, threshold: float, op: str) -> float:

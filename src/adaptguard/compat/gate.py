@@ -35,8 +35,6 @@ from fractions import Fraction
 
 from .comparison import Comparison
 from .decide import (
-    AT_THRESHOLD,
-    DECISIONS,
     FLIP_METRICS,
     RATE_METRICS,
     RUN_LEVEL_METRICS,
@@ -47,6 +45,7 @@ from .decide import (
     value,
 )
 from .metrics import DELTA_KEYS
+from .verdicts import OUTCOMES, Decision, Evidence, Gate, LeftOut, ThresholdDecision, decision_of
 
 GATE_METRICS = (*RATE_METRICS, "acc_drop", "excess_nfr", "m_g", "m_r", "mean_delta",
                 *(f"delta_{k}{pct}" for k in DELTA_KEYS for pct in ("", "_pct")))
@@ -130,7 +129,7 @@ def _check(t: Threshold, entries: list[Mapping], significance: float | None) -> 
                         f"inconsistency_flips needs predictions; delta_* needs --compatible)")
 
 
-def _across(report: Comparison, t: Threshold, significance: float | None) -> list[dict]:
+def _across(report: Comparison, t: Threshold, significance: float | None) -> list[ThresholdDecision]:
     """`overall:acc_drop>VALUE`: one decision per candidate, the tasks' accuracy tests combined (`decide_across`)."""
     if t.metric != "acc_drop":
         raise GateError(f"--fail-on {t.expr!r}: across tasks only acc_drop is combined (Kübler et al.'s pooled, "
@@ -143,15 +142,11 @@ def _across(report: Comparison, t: Threshold, significance: float | None) -> lis
             for label, a in across.items()]
 
 
-def check_gate(report: Comparison | Mapping, thresholds: list[Threshold], significance: float | None = None) -> dict:
+def check_gate(report: Comparison | Mapping, thresholds: list[Threshold], significance: float | None = None) -> Gate:
     """Decide every (task, threshold) of a `compare_runs` report (module docstring; a mapping shaped as `report.json`
-    is read as one, `Comparison.of`).
-
-    Returns `{"status": "breach" | "undecided" | "clear", "passed", "significance", "thresholds", "decisions":
-    [{task, expr, metric, op, threshold, value, decision, why, p_value, p_within, test, mde}], "breaches",
-    "undecided" (the decisions of each kind), "left_out": [{task, expr, why}], "nothing_decided": a sentence or
-    None}`. Raises `GateError` when an expression matches no task, names a metric that no matched task reports, or
-    has no test although `significance` is given.
+    is read as one, `Comparison.of`): the `Gate`, its decisions and what was left out of them. Raises `GateError`
+    when an expression matches no task, names a metric that no matched task reports, or has no test although
+    `significance` is given.
     """
     if significance is not None and not 0 < significance < 1:
         raise GateError(f"--significance {significance}: must be in (0, 1), e.g. 0.05")
@@ -169,31 +164,18 @@ def check_gate(report: Comparison | Mapping, thresholds: list[Threshold], signif
         _check(t, entries, significance)
         for name, entry in zip(tasks, entries):
             if name in churn and t.metric in FLIP_METRICS:
-                left_out.append({"task": name, "expr": t.expr, "why": "churn: nothing shows either model above "
-                                 "guessing, nor flips beyond what guessing makes (--include-churn counts them)"})
-                continue
-            if value(entry, t.metric) is None:
-                left_out.append({"task": name, "expr": t.expr, "why": f"{t.metric} is not defined on this task"})
-                continue
-            decisions.append(decide_threshold(name, entry, t, significance))
-    kinds = {k: [d for d in decisions if d["decision"] == k] for k in DECISIONS}
-    status = "breach" if kinds["breach"] else "undecided" if kinds["undecided"] or not decisions else "clear"
-    nothing = None
-    if not decisions:
-        nothing = ("no (task, threshold) was left to decide: " + "; ".join(sorted({f"{x['task']}: {x['why']}"
-                                                                                   for x in left_out})))
-    return {"status": status, "passed": status == "clear", "significance": significance,
-            "thresholds": [t.expr for t in thresholds], "decisions": decisions, "breaches": kinds["breach"],
-            "undecided": kinds["undecided"], "left_out": left_out, "nothing_decided": nothing,
-            "churn_left_out": sorted(churn)}
+                left_out.append(LeftOut.churn(name, t.expr))
+            elif value(entry, t.metric) is None:
+                left_out.append(LeftOut.undefined(name, t.expr, t.metric))
+            else:
+                decisions.append(decide_threshold(name, entry, t, significance))
+    return Gate(significance=significance, thresholds=[t.expr for t in thresholds], decisions=decisions,
+                left_out=left_out, churn_left_out=sorted(churn))
 
 
-EXIT_PASSED, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_UNDECIDED = 0, 1, 2, 3
-
-
-def exit_status(gate: dict) -> int:
+def exit_status(gate: Gate | Mapping) -> int:
     """1: a breach the data support; 3: none, but a threshold left undecided (or nothing to decide); 0: all clear."""
-    return {"breach": EXIT_REGRESSION, "undecided": EXIT_UNDECIDED, "clear": EXIT_PASSED}[gate["status"]]
+    return OUTCOMES[Gate.of(gate).status].exit_code
 
 
 def _rate(metric: str, value: float) -> str:
@@ -208,79 +190,76 @@ def _limit(metric: str, threshold: float) -> str:
     return f"{percent:.{max(2, -percent.normalize().as_tuple().exponent)}f}%"
 
 
-def _at(d: dict) -> bool:
-    """Is the decision's value exactly its threshold (compared on the counts, `decide.relation`)?"""
-    return d["why"].startswith(AT_THRESHOLD)
-
-
-def _reach(d: dict) -> str:
+def _reach(d: ThresholdDecision) -> str:
     """How far the data reach, for an undecided decision: the MDE, the items needed at the rate seen, or why not."""
-    from .decide import ITEMS_CAP, test_name
+    from .decide import ITEMS_CAP
 
-    if d.get("mde") is not None:
-        seen = f"the data detect a change of {_rate(d['metric'], d['mde'])} at 80 % power"
-        return seen + (", but at the value seen no number of items or runs decides it" if _at(d) else
+    if d.mde is not None:
+        seen = f"the data detect a change of {_rate(d.metric, d.mde)} at 80 % power"
+        return seen + (", but at the value seen no number of items or runs decides it" if d.at_threshold else
                        ": add items or runs")
-    if d.get("items_needed") is not None:
-        return f"at the rate seen, about {d['items_needed']:,} items would decide it"
-    if _at(d):
+    if d.items_needed is not None:
+        return f"at the rate seen, about {d.items_needed:,} items would decide it"
+    if d.at_threshold:
         return "the value seen equals the threshold: no number of items decides it at this value"
-    if d["metric"] in RATE_METRICS and d.get("test") == test_name({}, d["metric"]):  # a rate of one run: no number
-        # of items up to items_needed's cap decides it
+    if d.metric in RATE_METRICS and d.evidence is Evidence.ONE_RUN:  # no number of items up to the cap decides it
         return f"at the rate seen, more than {ITEMS_CAP:,} items would be needed to decide it"
-    if d["value"] == 0:
+    if d.value == 0:
         return "no change was seen to plan from: add items or runs"
     return "add items or runs to decide it"
 
 
-def decision_line(d: dict) -> str:
+def decision_line(d: ThresholdDecision | Mapping) -> str:
     """One decision in words: the value, the threshold, the decision, the test's p and the interval it used."""
-    metric, at = d["metric"], _at(d)
-    where = "≤" if d["op"] == ">" else "≥"
-    limit = _limit(metric, d["threshold"])
-    head = f"{d['task']}: {metric} = {limit if at else _rate(metric, d['value'])}"
-    if d.get("shows") == "some_task" and d["decision"] == "breach":
-        head = (f"{d['task']}: some task dropped more than {limit} (most: {d['worst_task']}, "
-                f"acc_drop = {_rate(metric, d['value'])})")
-    if d["p_value"] is None:
+    d = decision_of(d)
+    metric, at = d.metric, d.at_threshold
+    where = "≤" if d.op == ">" else "≥"
+    limit = _limit(metric, d.threshold)
+    head = f"{d.task}: {metric} = {limit if at else _rate(metric, d.value)}"
+    some_task = d.across is not None and d.across.shows == "some_task"
+    if some_task and d.decision is Decision.BREACH:
+        head = (f"{d.task}: some task dropped more than {limit} (most: {d.across.worst_task}, "
+                f"acc_drop = {_rate(metric, d.value)})")
+    if d.p_value is None:
         if at:  # raw values: at the threshold is not beyond it
-            return f"{head}, exactly the threshold: not beyond it  [{d['expr']}]"
-        return f"{head} {d['op'] if d['decision'] == 'breach' else where} {limit}  [{d['expr']}]"
+            return f"{head}, exactly the threshold: not beyond it  [{d.expr}]"
+        return f"{head} {d.op if d.decision is Decision.BREACH else where} {limit}  [{d.expr}]"
     ci = ""
-    if d.get("interval") is not None:
-        lo, hi = d["interval"]
-        ci = f"; {round(100 * d['level'])} % interval {_rate(metric, lo)} to {_rate(metric, hi)}"
-    towards = "below" if d["op"] == ">" else "above"
-    if d["decision"] == "breach":
-        if d.get("shows") == "some_task":
-            body = f"(max-drop/Fisher p = {d['p_value']:.3g}, {d['test']})"
+    if d.interval is not None:
+        lo, hi = d.interval
+        ci = f"; {round(100 * d.level)} % interval {_rate(metric, lo)} to {_rate(metric, hi)}"
+    towards = "below" if d.op == ">" else "above"
+    if d.decision is Decision.BREACH:
+        if some_task:
+            body = f"(max-drop/Fisher p = {d.p_value:.3g}, {d.test})"
         else:
-            body = f"{d['op']} {limit} (p = {d['p_value']:.3g}, {d['test']}{ci})"
-    elif d["decision"] == "clear":
-        body = f"{'<' if d['op'] == '>' else '>'} {limit} shown (p = {d['p_within']:.3g}, {d['test']}{ci})"
+            body = f"{d.op} {limit} (p = {d.p_value:.3g}, {d.test}{ci})"
+    elif d.decision is Decision.CLEAR:
+        body = f"{'<' if d.op == '>' else '>'} {limit} shown (p = {d.p_within:.3g}, {d.test}{ci})"
     else:
         if at:  # neither beyond nor within: both tests' p
-            body = (f"exactly the threshold: not beyond it, nor shown {towards} it (p = {d['p_value']:.3g} beyond, "
-                    f"{d['p_within']:.3g} {towards}, both ≥ α")
-        elif d["why"].startswith("beyond"):
-            body = f"{d['op']} {limit} but not significantly (p = {d['p_value']:.3g} ≥ α"
+            body = (f"exactly the threshold: not beyond it, nor shown {towards} it (p = {d.p_value:.3g} beyond, "
+                    f"{d.p_within:.3g} {towards}, both ≥ α")
+        elif d.reason.beyond:
+            body = f"{d.op} {limit} but not significantly (p = {d.p_value:.3g} ≥ α"
         else:
-            body = f"{where} {limit} but not shown {towards} it (p = {d['p_within']:.3g} ≥ α"
-        body += f", {d['test']}{ci}; {_reach(d)})"
-    return f"{head}{', ' if at and d['decision'] == 'undecided' else ' '}{body}  [{d['expr']}]"
+            body = f"{where} {limit} but not shown {towards} it (p = {d.p_within:.3g} ≥ α"
+        body += f", {d.test}{ci}; {_reach(d)})"
+    return f"{head}{', ' if at and d.decision is Decision.UNDECIDED else ' '}{body}  [{d.expr}]"
 
 
-def headline(gate: dict) -> str:
+def headline(gate: Gate | Mapping) -> str:
     """The gate's outcome in one line: what the exit status says, and what was left out of it. With
     `--significance off` nothing was tested: it says raw values were compared, never that the data support a breach."""
-    raw = gate.get("significance") is None
+    gate = Gate.of(gate)
+    raw = gate.significance is None
     counts = ("raw values, no test; " if raw else "") + ", ".join(
-        f"{len([d for d in gate['decisions'] if d['decision'] == k])} {k}" for k in DECISIONS)
-    left = len(gate["left_out"])
+        f"{len(gate.of_kind(k))} {k}" for k in Decision)
+    left = len(gate.left_out)
     out = f" ({counts}; {left} (task, threshold) pair{'s' * (left != 1)} left out)" if left else f" ({counts})"
-    if gate["status"] == "breach":
+    if gate.status is Decision.BREACH:
         return ("gate: FAILED, a value beyond its threshold" if raw else "gate: FAILED, a breach the data support") + out
-    if gate["status"] == "undecided":
+    if gate.status is Decision.UNDECIDED:
         return "gate: UNDECIDED, no breach but not every threshold could be decided" + out
     if raw:
         return ("gate: passed, no value decided is beyond its threshold" if left else
@@ -288,19 +267,20 @@ def headline(gate: dict) -> str:
     return ("gate: passed, every threshold decided is clear" if left else "gate: passed, every threshold clear") + out
 
 
-def describe(gate: dict) -> str:
+def describe(gate: Gate | Mapping) -> str:
     """The gate's decision for the terminal: the headline, one line per breach and undecided threshold, what was left
     out."""
-    alpha = gate["significance"]
+    gate = Gate.of(gate)
+    alpha = gate.significance
     how = (f"breach: its one-sided test at p < {alpha:g}; clear: the opposite test at p < {alpha:g}"
            if alpha is not None else "--significance off: breach where a value is beyond its threshold, clear otherwise")
-    lines = [f"{headline(gate)}; {how}" + (":" if gate["status"] != "clear" else "")]
-    if gate.get("nothing_decided"):
-        lines.append(f"  {gate['nothing_decided']}")
-    for kind in ("breach", "undecided"):
-        lines += [f"  {kind}: {decision_line(d)}" for d in gate["decisions"] if d["decision"] == kind]
-    if gate["left_out"] and not gate.get("nothing_decided"):
-        for why in sorted({x["why"] for x in gate["left_out"]}):
-            tasks = sorted({x["task"] for x in gate["left_out"] if x["why"] == why})
+    lines = [f"{headline(gate)}; {how}" + (":" if gate.status is not Decision.CLEAR else "")]
+    if gate.nothing_decided:
+        lines.append(f"  {gate.nothing_decided}")
+    for kind in (Decision.BREACH, Decision.UNDECIDED):
+        lines += [f"  {kind}: {decision_line(d)}" for d in gate.of_kind(kind)]
+    if gate.left_out and not gate.nothing_decided:
+        for why in sorted({x.why for x in gate.left_out}):
+            tasks = sorted({x.task for x in gate.left_out if x.why == why})
             lines.append(f"  left out: {', '.join(tasks)} ({why})")
     return "\n".join(lines)

@@ -13,6 +13,8 @@ import base64
 import difflib
 import html
 
+from .verdicts import NOTHING_GATED, OUTCOMES
+
 CAP_PER_TASK = 300  # flipped items shown per task (the rest are counted, and in --flips-out)
 
 STYLE = """
@@ -22,8 +24,7 @@ h1{font-size:22px} h2{font-size:18px;margin-top:28px} table{border-collapse:coll
 th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4;position:sticky;top:0} th.sortable{cursor:pointer} th.sortable:after{content:" ⇅";color:#999}
 .verdict{font-size:16px;padding:10px 14px;border-radius:6px;background:#f2f2f2;border:1px solid #bbb}
-.verdict.passed{background:#eef6ee;border-color:#9c9} .verdict.failed{background:#fbe3e3;border-color:#d55}
-.verdict.undecided{background:#fff4dc;border-color:#e0a526} .note{color:#666;font-size:13px}
+.note{color:#666;font-size:13px}
 .kind-negative td.kind{color:#b00;font-weight:600} .kind-positive td.kind{color:#070;font-weight:600}
 del,ins{background:#fff3bf;text-decoration:none;border-bottom:1px dotted #a80}
 .right{color:#070;font-weight:600} .wrong{color:#b00;font-weight:600} .beyond{font-weight:600}
@@ -31,7 +32,7 @@ ul.decisions.breach li{color:#900} ul.decisions li{margin:2px 0}
 .controls{display:flex;gap:12px;align-items:center;margin:8px 0;flex-wrap:wrap} .prompt{max-width:420px}
 td.answer{font-family:ui-monospace,Menlo,monospace;font-size:13px;white-space:pre-wrap}
 img{max-width:100%} code{background:#f4f4f4;padding:0 3px}
-"""
+""" + "".join(f".verdict.{o.word}{{background:{o.colour[0]};border-color:{o.colour[1]}}}\n" for o in OUTCOMES.values())
 
 SCRIPT = """
 (function () {
@@ -163,7 +164,7 @@ def flips_section(flips: list[dict], counts: dict[str, dict[str, int]], cap: int
             + f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
-VERDICT_STATUSES = ("failed", "undecided", "passed", "none")  # red, amber, green, neutral (nothing was gated)
+VERDICT_STATUSES = (*(o.word for o in OUTCOMES.values()), NOTHING_GATED)  # red, amber, green; neutral: nothing gated
 
 
 def page(title: str, verdict: str, status: str, sections: list[str]) -> str:

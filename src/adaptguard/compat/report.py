@@ -16,6 +16,7 @@ from ..utils.figures import new_figure, save_figure
 from ..utils.files import atomic_write_text
 from .comparison import Comparison, json_ready
 from .flips import shorten
+from .verdicts import NOTHING_GATED, Decision, Gate, ThresholdDecision
 
 
 def to_json(report: Comparison | Mapping) -> str:
@@ -63,8 +64,8 @@ GATE_COLUMNS = {"old_acc": "acc old → new", "new_acc": "acc old → new", "acc
                 "delta_nfr": "ΔNFR_c"}
 
 
-def task_decisions(gate: dict | None, name: str) -> list[dict]:
-    return [d for d in (gate or {}).get("decisions", []) if d["task"] == name]
+def task_decisions(gate: Gate | Mapping | None, name: str) -> list[ThresholdDecision]:
+    return [] if gate is None else [d for d in Gate.of(gate).decisions if d.task == name]
 
 
 def _churn_word(e: Mapping, report: Comparison) -> str | None:
@@ -75,14 +76,12 @@ def _churn_word(e: Mapping, report: Comparison) -> str | None:
 
 def _verdict(e: Mapping, name: str, report: Comparison) -> str:
     """The task's verdict: the gate's decisions when there is a gate (the worst first), else the regression flag."""
-    from .decide import DECISIONS
-
     gate = report.gate
     churn = _churn_word(e, report)
     if gate is not None:  # every decision on the task, the worst first
         mine = task_decisions(gate, name)
-        parts = [f"{kind.upper() if kind == 'breach' else kind} ({', '.join(hit)})" for kind in DECISIONS
-                 if (hit := [d["expr"] for d in mine if d["decision"] == kind])]
+        parts = [f"{kind.upper() if kind is Decision.BREACH else kind} ({', '.join(hit)})" for kind in Decision
+                 if (hit := [d.expr for d in mine if d.decision is kind])]
         return "; ".join(parts + ([churn] if churn else [])) or "not gated"
     reg = e.get("regression")
     if reg is None:
@@ -108,7 +107,7 @@ def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]
         header += ["S", "smooth NFR %", "smooth PFR %", "m_g", "m_r"]
     if compat:
         header += ["ΔNFR_c", "Δ%NFR_c"]
-    breached = {(b["task"], b["metric"]) for b in (report.gate or {}).get("breaches", [])}
+    breached = {(b.task, b.metric) for b in report.gate.of_kind(Decision.BREACH)} if report.gate else set()
     rows = []
     for name, e in report.tasks.items():
         r = e.get("replicates") or {}
@@ -141,7 +140,7 @@ def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
-def task_sentence(name: str, e: Mapping, gate: dict | None = None, alpha: float = 0.05,
+def task_sentence(name: str, e: Mapping, gate: Gate | Mapping | None = None, alpha: float = 0.05,
                   include_churn: bool = False) -> str:
     """What happened on one task, in one sentence a user can act on: the counts, then the decisions on it — the
     gate's where there is a gate (nothing else claims a verdict then), else the regression flag."""
@@ -151,7 +150,7 @@ def task_sentence(name: str, e: Mapping, gate: dict | None = None, alpha: float 
     decided = task_decisions(gate, name)
     if gate is None:
         out += _regression_words(e)
-    out += "".join(f" Gate {d['decision']}: {decision_line(d).partition(': ')[2]}" for d in decided)
+    out += "".join(f" Gate {d.decision}: {decision_line(d).partition(': ')[2]}" for d in decided)
     churn = e.get("churn") or {}
     if churn.get("churn"):
         why = (f" Nothing shows either model above guessing (old {100 * churn['old_acc']:.1f} % vs chance "
@@ -396,23 +395,23 @@ def write_outputs(report: Comparison | Mapping, json_path=None, markdown_path=No
             raise OSError(err.errno, err.strerror, str(path)) from err
 
 
-def _gate_section(gate: dict) -> list[str]:
+def _gate_section(gate: Gate) -> list[str]:
     """The gate's decisions as lists: breaches, then undecided thresholds, then what was left out."""
     from .gate import decision_line
     from .html import escaped
 
     out = []
-    for kind, title in (("breach", "Breaches"), ("undecided", "Undecided"), ("clear", "Clear")):
-        found = [d for d in gate["decisions"] if d["decision"] == kind]
+    for kind, title in ((Decision.BREACH, "Breaches"), (Decision.UNDECIDED, "Undecided"), (Decision.CLEAR, "Clear")):
+        found = gate.of_kind(kind)
         if found:
             out += [f"<h3>{title} ({len(found)})</h3>",
                     f'<ul class="decisions {kind}">' + "".join(f"<li>{escaped(decision_line(d))}</li>" for d in found)
                     + "</ul>"]
-    if gate.get("nothing_decided"):
-        out.append(f"<p>{escaped(gate['nothing_decided'])}</p>")
-    elif gate["left_out"]:
-        out.append("<p class='note'>Left out: " + escaped("; ".join(f"{x['task']} [{x['expr']}]: {x['why']}"
-                                                                for x in gate["left_out"])) + "</p>")
+    if gate.nothing_decided:
+        out.append(f"<p>{escaped(gate.nothing_decided)}</p>")
+    elif gate.left_out:
+        out.append("<p class='note'>Left out: " + escaped("; ".join(f"{x.task} [{x.expr}]: {x.why}"
+                                                                for x in gate.left_out)) + "</p>")
     return out
 
 
@@ -448,10 +447,10 @@ def compare_page(report: Comparison | Mapping, flips: list[dict], figure_png: by
         from .gate import headline
 
         verdict = headline(gate)
-        status = {"breach": "failed", "undecided": "undecided", "clear": "passed"}[gate["status"]]
+        status = gate.outcome.word
         sections += ["<h2>Gate</h2>", *_gate_section(gate)]
     else:
-        verdict, status = no_gate_line(report), "none"
+        verdict, status = no_gate_line(report), NOTHING_GATED
     header, rows = table_rows(report)
     counts: dict[str, dict[str, int]] = {}
     for f in flips:

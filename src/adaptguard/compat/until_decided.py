@@ -25,6 +25,7 @@ from pathlib import Path
 from ..utils.files import atomic_write_text
 from .runs import RunError
 from .sequential import RECORD, group_plan, load_record, task_order
+from .verdicts import Decision, LeftOut, ThresholdDecision
 
 
 def _write_samples(out: Path, task: str, stamp: str, samples: list[dict]) -> None:
@@ -39,19 +40,19 @@ def _read_samples(out: Path, task: str, stamp: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def progress_line(task: str, t: dict, decisions: list[dict], left_out: list[dict] = ()) -> str:
+def progress_line(task: str, t: dict, decisions: list[ThresholdDecision], left_out: list[LeftOut] = ()) -> str:
     """One line per task and look: items done, each threshold's interval (or e-value's p) and its decision, and the
     thresholds left out (a churn task's flips: "so far" while it runs, as more items may show a model above
     chance)."""
     so_far = " so far" if t["status"] == "running" else ""
-    parts = [f"{x['expr']}: left out ({x['why'].split(':')[0]}{so_far})" for x in left_out]
+    parts = [f"{x.expr}: left out ({x.short}{so_far})" for x in left_out]
     for d in decisions:
-        seen = f"{100 * d['value']:.1f}%"
-        if d.get("interval") is not None:
-            seen += f" [{100 * d['interval'][0]:.1f}, {100 * d['interval'][1]:.1f}]"
+        seen = f"{100 * d.value:.1f}%"
+        if d.interval is not None:
+            seen += f" [{100 * d.interval[0]:.1f}, {100 * d.interval[1]:.1f}]"
         else:
-            seen += f" (p {min(d['p_value'], d['p_within']):.2g})"
-        parts.append(f"{d['metric']} {seen} vs {100 * d['threshold']:g}%: {d['decision']}")
+            seen += f" (p {min(d.p_value, d.p_within):.2g})"
+        parts.append(f"{d.metric} {seen} vs {100 * d.threshold:g}%: {d.decision}")
     of = f" of {t['items']}" if t.get("items", len(t["order"])) != len(t["order"]) else ""  # the rest cannot flip
     return f"{task}: {t['done']}/{len(t['order'])}{of} items ({t['status']}); " + "; ".join(parts)
 
@@ -235,17 +236,17 @@ def _until_decided(baseline: str | Path, out: Path, lm, thresholds: list, base: 
             report = compare_runs(baseline, out, alpha=alpha, tasks=",".join(names), common_tasks=True)
             gate = check_gate(report, thresholds, alpha)
             for task, t in record["tasks"].items():
-                mine = [d for d in gate["decisions"] if d["task"] == task]
-                left_out = [x for x in gate["left_out"] if x["task"] == task]
+                mine = [d for d in gate.decisions if d.task == task]
+                left_out = [x for x in gate.left_out if x.task == task]
                 # left out is not decided: more items may show the old model above chance (churn) or define the
                 # metric (btc with no item the old model got right so far), and then it must be decided
-                undecided = [d for d in mine if d["decision"] == "undecided"] + left_out
+                undecided = [d for d in mine if d.decision is Decision.UNDECIDED] + left_out
                 if t["status"] == "running" and not undecided and mine:
                     t["status"] = "decided"
                 elif t["status"] == "running" and t["done"] >= len(t["order"]):
                     t["status"] = "exhausted"
-                t["decisions"] = {d["expr"]: d["decision"] for d in mine}
-                t["left_out"] = {x["expr"]: x["why"].split(":")[0] for x in left_out}
+                t["decisions"] = {d.expr: d.decision.value for d in mine}
+                t["left_out"] = {x.expr: x.short for x in left_out}
                 say(progress_line(task, t, mine, left_out))
             atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")
         running = [task for task, t in record["tasks"].items() if t["status"] == "running"]

@@ -59,6 +59,16 @@ class Reason(StrEnum):
             cls.WITHIN_NOT_SHOWN
 
 
+class Evidence(StrEnum):
+    """The kind of evidence behind a task's entry: it picks the test, the interval and how far the data reach
+    (`evidence`)."""
+
+    ONE_RUN = "one run"  # one run per side: exact tests on the item counts
+    REPLICATES = "replicates"  # replicate runs on a side: tests over runs and items
+    ANYTIME = "anytime"  # evaluated until decided, e-processes valid at every look
+    GROUP = "group"  # evaluated until decided over the known pool, group-sequential boundaries
+
+
 def beyond(side: int, op: str) -> bool:
     """Is a value on `side` of its threshold (1 above, 0 at, −1 below) beyond it for `op`? At the threshold it is
     not."""
@@ -71,14 +81,14 @@ class Outcome:
 
     exit_code: int  # `adaptguard compare --fail-on` / `evaluate`'s exit status
     word: str  # the page's status and the pytest plugin's outcome: failed, undecided, passed
-    colour: str  # the page's colour
+    colour: tuple[str, str]  # the page's colour: background, border (red, amber, green)
 
 
 EXIT_PASSED, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_UNDECIDED = 0, 1, 2, 3
 OUTCOMES = {
-    Decision.BREACH: Outcome(EXIT_REGRESSION, "failed", "red"),
-    Decision.UNDECIDED: Outcome(EXIT_UNDECIDED, "undecided", "amber"),
-    Decision.CLEAR: Outcome(EXIT_PASSED, "passed", "green"),
+    Decision.BREACH: Outcome(EXIT_REGRESSION, "failed", ("#fbe3e3", "#d55")),
+    Decision.UNDECIDED: Outcome(EXIT_UNDECIDED, "undecided", ("#fff4dc", "#e0a526")),
+    Decision.CLEAR: Outcome(EXIT_PASSED, "passed", ("#eef6ee", "#9c9")),
 }
 NOTHING_GATED = "none"  # the page's status when nothing was gated (neutral)
 
@@ -121,18 +131,25 @@ class ThresholdDecision(_Record):
     mde: float | None = None
     items_needed: int | None = None
     across: Across | None = None  # overall:acc_drop only: what the tests across tasks showed
+    evidence: Evidence | None = None  # the kind of evidence the test read (None: read back from report.json)
 
     @property
     def at_threshold(self) -> bool:
         return self.reason.at_threshold
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("reason", "across")}
-        out["why"] = self.reason.value
-        out["decision"] = self.decision.value
-        if self.across is not None:
-            out.update(self.across.to_json())
-        return out
+        """report.json's decision, its keys in the order report.json has always written them."""
+        head = {k: getattr(self, k) for k in ("task", "expr", "metric", "op", "threshold", "value")}
+        verdict = {"decision": self.decision.value, "why": self.reason.value}
+        tests = {k: getattr(self, k) for k in ("p_value", "p_within", "test", "interval", "level", "mde",
+                                                "items_needed")}
+        if self.across is None:
+            return {**head, **verdict, **tests}
+        shown = self.across.to_json()
+        return {**head, "shows": shown["shows"], "worst_task": shown["worst_task"],
+                **{k: tests[k] for k in ("interval", "level", "items_needed", "p_value", "p_within")},
+                **({"p_methods": shown["p_methods"]} if "p_methods" in shown else {}),
+                "test": tests["test"], "mde": tests["mde"], **verdict}
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Mapping) and dict(self) == dict(other)
@@ -182,6 +199,11 @@ class LeftOut(_Record):
     @classmethod
     def undefined(cls, task: str, expr: str, metric: str) -> LeftOut:
         return cls(task, expr, LeftOutReason.UNDEFINED, f"{metric} is not defined on this task")
+
+    @property
+    def short(self) -> str:
+        """The reason in a word where there is one (evaluate's record and progress lines)."""
+        return self.reason.value if self.reason is LeftOutReason.CHURN else self.why
 
     def to_json(self) -> dict[str, Any]:
         return {"task": self.task, "expr": self.expr, "why": self.why}
@@ -246,7 +268,7 @@ def decision_of(d: Mapping) -> ThresholdDecision:
     if isinstance(d, ThresholdDecision):
         return d
     across = Across(d["shows"], d.get("worst_task"), d.get("p_methods")) if "shows" in d else None
-    own = {f.name for f in fields(ThresholdDecision)} - {"reason", "across", "decision", "interval"}
+    own = {f.name for f in fields(ThresholdDecision)} - {"reason", "across", "decision", "interval", "evidence"}
     interval = d.get("interval")
     return ThresholdDecision(**{k: d.get(k) for k in own}, decision=Decision(d["decision"]), reason=Reason(d["why"]),
                              interval=None if interval is None else tuple(interval), across=across)

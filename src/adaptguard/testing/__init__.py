@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from ..compat.verdicts import Decision
+
 UNDECIDED = ("fail", "skip", "pass")
 # compare's options, as compare_runs names them (`compatible` is compare's --compatible)
 COMPARE_OPTIONS = ("similarity", "metric", "compatible", "n_boot", "seed", "include_churn", "tasks", "common_tasks",
@@ -59,11 +61,10 @@ def assert_compatible(old: Run, new: Run, *fail_on: str | Sequence[str], undecid
         raise GateInputError(f"adaptguard: {detail}") from None
     from ..compat.gate import describe
 
-    text, status = describe(gate), gate["status"]
-    fails = status == "breach" or (status == "undecided" and undecided == "fail")
-    outcome = "failed" if fails else "skipped" if status == "undecided" and undecided == "skip" else "passed"
-    counts = ", ".join(f"{len([d for d in gate['decisions'] if d['decision'] == k])} {k}"
-                       for k in ("breach", "undecided", "clear"))
+    text, status = describe(gate), gate.status
+    fails = status is Decision.BREACH or (status is Decision.UNDECIDED and undecided == "fail")
+    outcome = "failed" if fails else "skipped" if status is Decision.UNDECIDED and undecided == "skip" else "passed"
+    counts = ", ".join(f"{len(gate.of_kind(k))} {k}" for k in Decision)
     _record(f"{where}: {status} ({counts}), {outcome}")
     if fails:
         raise AssertionError(text)
