@@ -1,6 +1,7 @@
-"""E6's words from its report (studies/results/e6/report.json): report.md, studies/results.md §11 and README's two E6 rows
-and caption sentence. Every number and verdict in them is rendered here from the report, so a test can hold each
-document to it (tests/test_claims.py); pure Python, no torch, so that test stays fast.
+"""E6's words from its report (studies/results/e6/report.json): report.md, studies/results.md §11 and the two E6 rows
+of its claims table (the numbers), and README's two E6 rows (the verdict words). Every number and verdict in them is
+rendered here from the report, so a test can hold each document to it (tests/studies/test_claims.py); pure Python,
+no torch, so that test stays fast.
 
 Each sentence is as strong as its interval: a verdict word only where the registered rule decides it, "reaches 0" (not
 "shows") for an interval that includes 0, ratios with their intervals, "orders" only as far as the reversed pairs
@@ -13,7 +14,6 @@ LABELS = {"int8_wo": "int8_wo (torchao)", "int8_bnb": "int8_bnb (LLM.int8)", "nf
 TASK = {"bb_arithmetic": "arithmetic", "bb_date_understanding": "date_understanding",
         "bb_general_knowledge": "general_knowledge", "bb_hindu_knowledge": "hindu_knowledge",
         "bb_misconceptions": "misconceptions", "bb_navigate": "navigate", "bb_sports_understanding": "sports_understanding"}
-S11 = "studies/results.md#11-e6--which-quantization-breaks-the-fewest-answers"
 
 
 def pct(x: float | None, digits: int = 1, minus: str = "−") -> str:
@@ -270,11 +270,14 @@ def report_markdown(report: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# README
+# the claims tables: studies/results.md's (the numbers) and README's (the verdict words)
+
+QUANTIZATION_HIDES = "quantization flips answers that accuracy hides (Dutta et al. 2024)"
+FEWEST = "which quantization breaks the fewest answers (E6)"
 
 
-def readme_rows(report: dict) -> dict[str, str]:
-    """{claim cell: what-we-found cell} of README's two E6 rows."""
+def results_rows(report: dict) -> dict[str, str]:
+    """{claim cell: what-we-found cell} of the two E6 rows in studies/results.md's claims table."""
     h1 = report["H1"]["per_scheme"]
     rows = report["schemes"]
     supported, reaching, zero = h1_groups(report)
@@ -325,21 +328,13 @@ def readme_rows(report: dict) -> dict[str, str]:
             fewest += (f"; answers changed by batch and threads alone (each scheme's own floor, batch 16 vs 5 on one "
                        f"{cpu}): " + ", ".join(own(s) for s in w["measured"]))
         fewest += (f"; no own floor yet: {', '.join(w['missing'])}" if w["missing"] else "")
-    return {"quantization flips answers that accuracy hides (Dutta et al. 2024)": hides,
-            "which quantization breaks the fewest answers (E6)": fewest}
+    return {QUANTIZATION_HIDES: hides, FEWEST: fewest}
 
 
-def readme_caption(report: dict) -> str:
-    """The caption's E6 sentence (after §5's)."""
-    dyn = report["schemes"]["int8_dynamic"]["across_tasks"]["int8_dynamic"]
-    parts = [f"With up to 400 items per task its accuracy loss is {'significant' if dyn['regression'] else 'not shown'}"]
-    r = report.get("ratios") or {}
-    if "int8_dynamic/int8_wo" in r and "int8_dynamic/quanto_int8" in r:
-        a, b = r["int8_dynamic/int8_wo"], r["int8_dynamic/quanto_int8"]
-        parts.append(f"torch's dynamic int8 breaks {a['counts'][0]} kept items,\n8-bit weight-only schemes {a['counts'][1]} and "
-                     f"{b['counts'][1]}: {ratio(a['ratio'])} and {ratio(b['ratio'])} times as many (95 % CIs "
-                     f"{ratio(a['ci'][0])}–{ratio(a['ci'][1])} and {ratio(b['ci'][0])}–{ratio(b['ci'][1])})")
-    return "; ".join(parts) + f"\n([§11]({S11}))."
+def readme_rows(report: dict) -> dict[str, str]:
+    """{claim cell: verdict cell} of README's two E6 rows: the verdict words of `results_rows`, nothing else."""
+    return {QUANTIZATION_HIDES: f"**{h1_verdict(report)}**",
+            FEWEST: f"≤ 4.5 bits **{h3_verdict(report)}**; KL **{h2_verdict(report)}**"}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -378,8 +373,9 @@ def section_11(report: dict) -> str:
             "scheme in `DIR`). Records, committed as each run finished: `studies/results/e6_records/<run>/` (lm-eval's "
             "per-item samples without the prompt copies, `meta.json`, `kl.json`). Report, recomputed from the "
             "records: `python studies/quantization_flips.py --e6 --report --out studies/results/e6` → "
-            "[e6/report.md](results/e6/report.md), [e6/report.json](results/e6/report.json); this section and "
-            "README's E6 rows are rendered from report.json by `studies/e6_text.py` (a test holds them to it).", ""]
+            "[e6/report.md](results/e6/report.md), [e6/report.json](results/e6/report.json); this section, the E6 "
+            "rows of [the claims table](#what-we-found-claim-by-claim) and README's E6 verdicts are rendered from "
+            "report.json by `studies/e6_text.py` (a test holds them to it).", ""]
     sizes = {t: any_row["tasks"][t]["n"] for t in any_row["tasks"]}
     ref_acc = any_row["pooled"]["old_acc"]
     arith = any_row["tasks"].get("bb_arithmetic")
@@ -563,13 +559,6 @@ def wrap(paragraph: str, width: int = 118) -> str:
 # the documents
 
 
-def readme_caption_span(readme: str) -> tuple[int, int]:
-    """Where the caption's E6 sentence sits in README: from "With up to 400 items" to the end of its § 11 link."""
-    start = readme.index("With up to 400 items per task")
-    end = readme.index(f"([§11]({S11})).", start) + len(f"([§11]({S11})).")
-    return start, end
-
-
 def section_span(results: str) -> tuple[int, int]:
     """studies/results.md's § 11, from its heading to the next section (or the end)."""
     start = results.index("## 11. E6")
@@ -577,9 +566,10 @@ def section_span(results: str) -> tuple[int, int]:
     return start, len(results) if nxt < 0 else nxt + 1
 
 
-def readme_row_cells(readme: str) -> dict[str, str]:
-    """{claim: what we found} of README's results table."""
-    lines = readme.splitlines()
+def table_cells(text: str) -> dict[str, str]:
+    """{claim: its second cell} of the claims table in `text` (README's or studies/results.md's): the first table
+    whose header starts with "| claim (paper) |"."""
+    lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| claim (paper) |"))
     rows = {}
     for line in lines[start + 2:]:
@@ -600,23 +590,34 @@ def mismatches(report: dict, readme: str, results: str, report_md: str) -> list[
             wrong.append("studies/results.md § 11")
     except ValueError:
         wrong.append("studies/results.md § 11 (not found)")
-    cells = readme_row_cells(readme)
-    for claim, text in readme_rows(report).items():
-        if cells.get(claim) != text:
-            wrong.append(f"README row {claim!r}")
-    try:
-        start, end = readme_caption_span(readme)
-        if readme[start:end] != readme_caption(report):
-            wrong.append("README caption")
-    except ValueError:
-        wrong.append("README caption (not found)")
+    for name, doc, rows in (("studies/results.md", results, results_rows(report)),
+                            ("README", readme, readme_rows(report))):
+        try:
+            cells = table_cells(doc)
+        except StopIteration:
+            wrong.append(f"{name}'s claims table (not found)")
+            continue
+        for claim, text in rows.items():
+            if cells.get(claim) != text:
+                wrong.append(f"{name} row {claim!r}")
     if report_md != report_markdown(report):
         wrong.append("studies/results/e6/report.md")
     return wrong
 
 
+def with_rows(text: str, rows: dict[str, str]) -> str:
+    """`text` with the second cell of each claims-table row in `rows` replaced (the other cells kept)."""
+    lines = text.splitlines(keepends=True)
+    for claim, cell in rows.items():
+        i = next(i for i, line in enumerate(lines) if line.startswith(f"| {claim} |"))
+        cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+        lines[i] = f"| {claim} | {cell} | {cells[2]} |\n"
+    return "".join(lines)
+
+
 def write_documents(root) -> None:
-    """Render README's E6 rows and caption and studies/results.md § 11 from studies/results/e6/report.json."""
+    """Render studies/results.md's § 11 and the E6 rows of its claims table, and README's E6 rows, from
+    studies/results/e6/report.json."""
     import json
     from pathlib import Path
 
@@ -624,17 +625,10 @@ def write_documents(root) -> None:
     report = json.loads((root / "studies/results/e6/report.json").read_text())
     results = (root / "studies/results.md").read_text()
     start, end = section_span(results)
-    (root / "studies/results.md").write_text(results[:start] + section_11(report).rstrip("\n") + "\n"
-                                          + ("\n" if end < len(results) else "") + results[end:])
-    readme = (root / "README.md").read_text()
-    start, end = readme_caption_span(readme)
-    readme = readme[:start] + readme_caption(report) + readme[end:]
-    lines = readme.splitlines(keepends=True)
-    for claim, text in readme_rows(report).items():
-        i = next(i for i, line in enumerate(lines) if line.startswith(f"| {claim} |"))
-        cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
-        lines[i] = f"| {claim} | {text} | {cells[2]} |\n"
-    (root / "README.md").write_text("".join(lines))
+    results = (results[:start] + section_11(report).rstrip("\n") + "\n" + ("\n" if end < len(results) else "")
+               + results[end:])
+    (root / "studies/results.md").write_text(with_rows(results, results_rows(report)))
+    (root / "README.md").write_text(with_rows((root / "README.md").read_text(), readme_rows(report)))
 
 
 if __name__ == "__main__":

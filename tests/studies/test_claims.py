@@ -1,5 +1,6 @@
-"""README's results table says no more than the reports it cites (issue 66): each row's verdict word and numbers are
-read here from the committed report behind it, so the two cannot drift apart."""
+"""The findings say no more than the reports they cite (issues 66, 88): studies/results.md's claims table holds each
+claim's numbers and verdict words, read here from the committed report behind it; README's findings table holds the
+verdict words only, and they are results.md's, so the three cannot drift apart."""
 
 import json
 import re
@@ -9,29 +10,71 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "studies" / "results"
+NOTEBOOK = ROOT / "studies" / "results.md"
 
 
-def results_table() -> dict[str, str]:
-    """{claim: what we found} from README's results table."""
-    lines = ROOT.joinpath("README.md").read_text().splitlines()
+def claims_table(text: str) -> dict[str, list[str]]:
+    """{claim: [its other cells]} from the table in `text` whose header starts with "| claim (paper) |"."""
+    lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| claim (paper) |"))
     rows = {}
     for line in lines[start + 2:]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = cells[1]
+        rows[cells[0]] = cells[1:]
     return rows
+
+
+def results_table() -> dict[str, str]:
+    """{claim: what we found} from studies/results.md's claims table: the numbers."""
+    return {claim: cells[0] for claim, cells in claims_table(NOTEBOOK.read_text()).items()}
 
 
 def row(fragment: str) -> str:
     found = [v for k, v in results_table().items() if fragment in k]
-    assert len(found) == 1, f"README's results table has {len(found)} rows with {fragment!r}"
+    assert len(found) == 1, f"studies/results.md's claims table has {len(found)} rows with {fragment!r}"
     return found[0]
 
 
 def verdicts(text: str) -> list[str]:
     return re.findall(r"\*\*(.+?)\*\*", text)
+
+
+def slug(heading: str) -> str:
+    """A Markdown heading's anchor as GitHub makes it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    return {slug(line.lstrip("#")) for line in text.splitlines() if re.match(r"#{1,6} ", line)}
+
+
+def test_readmes_table_is_results_mds_verdict_words():
+    """README's findings table: the same claims in the same order as studies/results.md's, each with the same verdict
+    words and the same place, and no number of its own (the numbers are results.md's, tested below)."""
+    readme = claims_table(ROOT.joinpath("README.md").read_text())
+    notebook = claims_table(NOTEBOOK.read_text())
+    assert list(readme) == list(notebook) and len(readme) == 9
+    for claim, (verdict, where) in readme.items():
+        found, place = notebook[claim]
+        assert verdicts(verdict) == verdicts(found) != [], claim
+        assert where == place, claim
+        assert not re.search(r"\d", re.sub(r"\*\*.+?\*\*", "", verdict).replace("≤ 4.5 bits", "")), verdict
+
+
+def test_the_findings_links_land_on_their_sections():
+    """Every link from README into studies/results.md and within results.md's claims section names a heading that
+    exists, and README's own anchors too."""
+    readme, notebook = ROOT.joinpath("README.md").read_text(), NOTEBOOK.read_text()
+    into = re.findall(r"studies/results\.md#([\w\-]+)", readme)
+    assert "what-we-found-claim-by-claim" in into and len(into) >= 10
+    assert set(into) <= anchors(notebook), set(into) - anchors(notebook)
+    own = re.findall(r"\]\(#([\w\-]+)\)|^\[[\w]+\]: #([\w\-]+)$", readme, flags=re.M)
+    assert {a or b for a, b in own} <= anchors(readme), {a or b for a, b in own} - anchors(readme)
+    section = notebook[notebook.index("## What we found, claim by claim"):notebook.index("\n## 1. ")]
+    links = re.findall(r"^\[s\d+\]: #([\w\-]+)$", section, flags=re.M)
+    assert len(links) == 9 and set(links) <= anchors(notebook), set(links) - anchors(notebook)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +101,9 @@ def test_e4_rows_say_what_e5_decided(e5):
     domain = row("learns the domain")
     lo, hi = talr["domain_ci"]
     assert f"CI {round(100 * lo):+d} to {round(100 * hi):+d}".replace("-", "−") in domain
+    # E4's H2 margin: as well as SFT when the interval's lower end is above −5 points, not when its upper end is below
+    margin = "reproduced" if lo >= -0.05 else "not reproduced" if hi < -0.05 else "inconclusive"
+    assert verdicts(domain) == [margin] == ["inconclusive"] and "5-point margin" in domain
 
 
 def test_muscle_and_recipe_rows_say_what_e5_decided(e5):
@@ -85,6 +131,9 @@ def test_one_run_rows_say_what_their_runs_show():
     helped = [p for p in separable if p["icl_minus_composite"] > 0 and p["mcnemar_p"] < 0.05]
     text = row("composite demonstrations")
     assert verdicts(text) == ["reproduced"] and f"{len(helped)} of {len(separable)} separable pairs" in text
+    readme = claims_table(ROOT.joinpath("README.md").read_text())["composite demonstrations help composition in "
+                                                                   "context (001)"][0]
+    assert "for some pairs" in readme and 0 < len(helped) < len(separable)
     drift = [x["mean"] for x in json.loads((RESULTS / "paper000_drift_full.json").read_text())["per_r"]]
     text = row("intermediate task similarity")
     monotone = all(a > b for a, b in zip(drift, drift[1:]))
@@ -113,8 +162,8 @@ def e6_documents() -> dict[str, str]:
 
 
 def test_every_e6_sentence_is_the_reports(e6, e6_text):
-    """README's two E6 rows and its caption sentence, studies/results.md § 11 and e6/report.md are exactly what
-    report.json renders to: every number and verdict word in them is read from the report."""
+    """studies/results.md's § 11 and the E6 rows of its claims table, README's two E6 rows and e6/report.md are
+    exactly what report.json renders to: every number and verdict word in them is read from the report."""
     assert e6["complete"] and not e6["not_run"]
     assert e6_text.mismatches(e6, **e6_documents()) == []
 
@@ -123,14 +172,14 @@ def test_an_edited_e6_number_or_verdict_fails(e6, e6_text):
     """The check above fails on any one edited number (each digit run in every E6 text, bumped by one) and on each
     verdict word turned."""
     docs = e6_documents()
-    spans = {"results": e6_text.section_span(docs["results"]), "report_md": (0, len(docs["report_md"]))}
-    readme = docs["readme"]
-    caption = e6_text.readme_caption_span(readme)
-    cells = [readme.index(f"| {claim} | ") + len(f"| {claim} | ") for claim in e6_text.readme_rows(e6)]
-    rows = [(start, readme.index(" | ", start)) for start in cells]  # each row's what-we-found cell
+
+    def cells(text: str) -> list[tuple[int, int]]:  # each E6 row's second cell in a claims table
+        starts = [text.index(f"| {claim} | ") + len(f"| {claim} | ") for claim in e6_text.readme_rows(e6)]
+        return [(start, text.index(" | ", start)) for start in starts]
+
     edits = 0
-    for name, ranges in (("results", [spans["results"]]), ("report_md", [spans["report_md"]]),
-                         ("readme", [caption, *rows])):
+    for name, ranges in (("results", [e6_text.section_span(docs["results"]), *cells(docs["results"])]),
+                         ("report_md", [(0, len(docs["report_md"]))]), ("readme", cells(docs["readme"]))):
         text = docs[name]
         for start, end in ranges:
             for m in re.finditer(r"\d+", text[start:end]):
@@ -140,6 +189,8 @@ def test_an_edited_e6_number_or_verdict_fails(e6, e6_text):
                 edits += 1
     assert edits > 300
     turned = (("readme", "H1 does not hold", "H1 holds"), ("readme", "no single best", "quanto_int4 best"),
+              ("readme", "**supported**", "**not supported**"), ("results", "**H1 does not hold**", "**H1 holds**"),
+              ("results", "bits **no single best**", "bits **quanto_int4 best**"),
               ("results", "flips): supported", "flips): not supported"),
               ("results", "accuracy): does not hold", "accuracy): holds"), ("report_md", "no single best", "quanto_int4"))
     for name, word, other in turned:
