@@ -9,11 +9,11 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from .metric_table import Unit, names
 from .runs import TaskRun, read_run, samples_from_records
 
 logger = logging.getLogger(__name__)
 
-FLIP_KEYS = ("nfr", "pfr", "inconsistency_flips", "btc", "smooth_nfr", "smooth_pfr")
 
 
 def evaluate_with_lm_eval(model, tokenizer, tasks: list[str], *, limit=None, num_fewshot=None, batch_size: int = 8,
@@ -127,7 +127,7 @@ class LMEvalCallback(TrainerCallback):
                 for filt, entry in compare_task(self._reference_runs[task], current,
                                                 similarity=self.similarity, n_boot=200).items():
                     suffix = "" if filt == "none" else f",{filt}"
-                    for key in FLIP_KEYS:
+                    for key in names(lambda m: m.about_flips and m.unit is Unit.RATE):  # the rates of flips
                         if entry.get(key) is not None:
                             logs[f"lm_eval/{task}/{key}{suffix}"] = float(entry[key])
         return logs

@@ -25,13 +25,10 @@ from collections.abc import Mapping
 from decimal import Decimal
 from fractions import Fraction
 
+from .metric_table import METRICS, REPLICATES, is_rate, tested
 from .metrics import _EPS, binomial_p  # noqa: F401  (binomial_p: the fixed-n rate test, used here and by callers)
 from .verdicts import Across, Decision, Evidence, Reason, ThresholdDecision, beyond
 
-RATE_METRICS = ("nfr", "pfr", "inconsistency_flips", "old_acc", "new_acc", "btc", "smooth_nfr", "smooth_pfr")
-RUN_LEVEL_METRICS = ("nfr", "excess_nfr", "acc_drop")  # with a run-level test when a side has replicates
-# metrics about which answers flipped: on a task where both models may be guessing they measure churn, not the update
-FLIP_METRICS = ("nfr", "pfr", "btc", "inconsistency_flips", "excess_nfr", "smooth_nfr", "smooth_pfr")
 ACROSS_METHODS = ("pooled", "max_drop", "fisher")
 DECISIONS = tuple(Decision)  # breach, undecided, clear: the one vocabulary of every output (`verdicts`)
 
@@ -81,7 +78,7 @@ def exact_value(entry: Mapping, metric: str) -> Fraction | None:
     the value is a whole number over n · R_o · R_n · W."""
     v = _observed(entry, metric)
     n = entry.get("n")
-    if v is None or not n or metric not in (*RATE_METRICS, "acc_drop", "excess_nfr"):
+    if v is None or not n or metric not in METRICS or not METRICS[metric].counted:
         return None
     if replicated(entry):
         r = entry["replicates"]
@@ -113,7 +110,7 @@ def relation(entry: Mapping, metric: str, threshold) -> int:
 
 def _observed(entry: Mapping, metric: str) -> float | None:
     """The value a decision compares: with replicates, the run-level estimate its test is about."""
-    if replicated(entry) and metric in RUN_LEVEL_METRICS:
+    if replicated(entry) and tested(metric, REPLICATES):
         r = entry["replicates"]
         return {"nfr": r["nfr"], "excess_nfr": r["excess_nfr"], "acc_drop": r["old_acc"] - r["new_acc"]}[metric]
     return value(entry, metric)
@@ -121,14 +118,8 @@ def _observed(entry: Mapping, metric: str) -> float | None:
 
 def counts(entry: Mapping, metric: str) -> tuple[float, int]:
     """(successes, trials) behind a rate metric; with replicates the successes are a sum of per-item means over run
-    pairs (not always whole)."""
-    n = entry["n"]
-    if metric == "btc":  # over the items the old model got right; both right = old right − negative flips
-        old_right = round(entry["old_acc"] * n)
-        return old_right - entry["n_negative_flips"], old_right
-    if metric in ("nfr", "pfr"):
-        return entry[f"n_{'negative' if metric == 'nfr' else 'positive'}_flips"], n
-    return round(entry[metric] * n), n
+    pairs (not always whole). Where they come from is the metric's row (`metric_table`)."""
+    return METRICS[metric].counts(entry)
 
 
 def rate_bounds(k: float, n: int, alpha: float) -> tuple[float, float]:
@@ -200,7 +191,7 @@ def interval(entry: Mapping, metric: str, alpha: float) -> tuple[float, float] |
     if "sequential" in entry:
         return None if entry["sequential"].get("design") == "group" else anytime_bounds(entry, metric, alpha)
     if replicated(entry):
-        if metric not in RUN_LEVEL_METRICS or metric == "acc_drop":
+        if not tested(metric, REPLICATES) or metric == "acc_drop":
             return None
         estimate, se, df = _run_level(entry, metric)
         half = t_quantile(1 - alpha, df) * se
@@ -210,7 +201,7 @@ def interval(entry: Mapping, metric: str, alpha: float) -> tuple[float, float] |
         # cut to the metric's range: an NFR lies in [0, 1], the excess NFR (a difference of rates) in [−1, 1]
         low = -1.0 if metric == "excess_nfr" else 0.0
         return max(low, min(estimate - half, lo - shift)), min(1.0, max(estimate + half, hi - shift))
-    if metric not in RATE_METRICS:
+    if not is_rate(metric):
         return None
     k, n = counts(entry, metric)
     return rate_bounds(k, n, alpha) if n else None
@@ -224,7 +215,7 @@ def items_needed(entry: Mapping, metric: str, threshold: float, op: str, alpha: 
     """For an undecided rate of one run: how many items, at the rate observed, its test needs to decide (either
     way); None when no number does (the rate equals the threshold, compared exactly), none up to `cap` does, or the
     metric is not a rate of one run."""
-    if replicated(entry) or metric not in RATE_METRICS or "sequential" in entry:
+    if replicated(entry) or not is_rate(metric) or "sequential" in entry:
         return None
     k, n = counts(entry, metric)
     if n == 0:
@@ -259,7 +250,7 @@ def mde(entry: Mapping, metric: str, alpha: float, power: float = 0.8) -> float 
 
     from .replicates import min_detectable_effect
 
-    if replicated(entry) and metric in RUN_LEVEL_METRICS:
+    if replicated(entry) and tested(metric, REPLICATES):
         _, se, df = _run_level(entry, metric)
         return min_detectable_effect(se, df, 2 * alpha, power) if se > 0 else None  # two-sided at 2α = one-sided α
     if metric == "acc_drop" and not replicated(entry):
@@ -458,7 +449,6 @@ def across_verdict(names: list[str], entries: list[Mapping], pooled: dict, alpha
 # Tests valid at every look (peeking allowed): an e-process E_t, a nonnegative supermartingale of mean ≤ 1 under H0,
 # rejects H0 the first time it reaches 1/α (Ville's inequality: P(sup_t E_t ≥ 1/α) ≤ α), so a run may stop as soon
 # as it does. The anytime-valid p-value is min(1, 1 / max over the looks so far of E).
-SEQUENTIAL_METRICS = ("nfr", "pfr", "btc", "old_acc", "new_acc", "acc_drop")
 
 
 def rate_e_value(k: int, n: int, rate: float, greater: bool) -> float:

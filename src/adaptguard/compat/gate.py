@@ -12,7 +12,7 @@ With a significance level α, each (task, threshold) is decided by the metric's 
   items (and runs) to show it.
 Exit status 1 on any breach, else 3 on any undecided, else 0; a gate left with nothing to decide (every matched
 task churn, or the metric undefined on each) exits 3 and says why. Tasks where the old model is not above chance
-(`churn`) leave the flip metrics (`decide.FLIP_METRICS`), never the accuracy tests (`acc_drop`, `old_acc`,
+(`churn`) leave the flip metrics (`metric_table`: about_flips), never the accuracy tests (`acc_drop`, `old_acc`,
 `new_acc`). `overall:acc_drop>VALUE` decides the tasks together, as Kübler et al. (2026) do: a breach when any of
 the pooled, max-drop and Fisher tests rejects at α/3; clear when the pooled test shows the drop below VALUE.
 `--significance off` compares raw values: breach when beyond the threshold, clear otherwise (no test).
@@ -35,22 +35,15 @@ from fractions import Fraction
 
 from .comparison import Comparison
 from .decide import (
-    FLIP_METRICS,
-    RATE_METRICS,
-    RUN_LEVEL_METRICS,
     decide_across,
     decide_threshold,
     is_churn,
     replicated,
     value,
 )
-from .metrics import DELTA_KEYS
+from .metric_table import METRICS, ONE_RUN, REPLICATES, about_flips, in_rate_units, is_rate, names
 from .verdicts import OUTCOMES, Decision, Evidence, Gate, LeftOut, ThresholdDecision, decision_of
 
-GATE_METRICS = (*RATE_METRICS, "acc_drop", "excess_nfr", "m_g", "m_r", "mean_delta",
-                *(f"delta_{k}{pct}" for k in DELTA_KEYS for pct in ("", "_pct")))
-# metrics in rate units (a fraction, or a difference of fractions): a threshold beyond ±1 is a unit slip
-IN_RATE_UNITS = (*RATE_METRICS, "acc_drop", "excess_nfr", *(f"delta_{k}" for k in DELTA_KEYS))
 ACROSS = "overall"  # the task glob of a threshold on every task together
 _EXPR = re.compile(r"^(?:(?P<tasks>[^:<>]+):)?(?P<metric>[A-Za-z_]+)\s*(?P<op>[<>])\s*(?P<value>\S+)$")
 
@@ -81,8 +74,8 @@ class Threshold:
             raise GateError(f"--fail-on {expr!r}: expected [TASKGLOB:]METRIC>VALUE or [TASKGLOB:]METRIC<VALUE, "
                             f"e.g. 'nfr>0.02' or 'mmlu_*:btc<0.95'")
         metric = m["metric"]
-        if metric not in GATE_METRICS:
-            raise GateError(f"--fail-on {expr!r}: unknown metric {metric!r}; known: {', '.join(GATE_METRICS)}")
+        if metric not in METRICS:
+            raise GateError(f"--fail-on {expr!r}: unknown metric {metric!r}; known: {', '.join(names())}")
         text = m["value"]
         percent = text.endswith("%")
         try:  # the decimal as written, exactly: `0.7%` is 7/1000, where 0.7 / 100 in floats is below it
@@ -90,7 +83,7 @@ class Threshold:
         except (InvalidOperation, ValueError, OverflowError):  # not a number, NaN or infinite
             raise GateError(f"--fail-on {expr!r}: the threshold {text!r} is not a finite number") from None
         if percent:
-            if metric not in IN_RATE_UNITS:
+            if not in_rate_units(metric):
                 raise GateError(f"--fail-on {expr!r}: {metric} is not a rate; give its threshold without %")
             exact /= 100
         try:
@@ -99,12 +92,13 @@ class Threshold:
             value = math.inf
         if not math.isfinite(value):
             raise GateError(f"--fail-on {expr!r}: the threshold {text!r} is not a finite number")
-        if not percent and metric in IN_RATE_UNITS and abs(exact) >= 1:  # `1` is 1 % or 100 %: say which
+        # in rate units (a fraction, or a difference of fractions), a threshold beyond ±1 is a unit slip
+        if not percent and in_rate_units(metric) and abs(exact) >= 1:  # `1` is 1 % or 100 %: say which
             raise GateError(f"--fail-on {expr!r}: {metric} is a rate (the table prints it in %): write " + (
                 f"{text}% or {value * 100:g}% (1 alone could mean either)" if abs(exact) == 1 else
                 f"{text}% or {value / 100:g}"))
-        low = 0 if metric in RATE_METRICS else -1  # a rate lies in [0, 1]; a difference of rates in [−1, 1]
-        if metric in IN_RATE_UNITS and not low <= exact <= 1:
+        low = METRICS[metric].low  # a rate lies in [0, 1]; a difference of rates in [−1, 1]
+        if in_rate_units(metric) and not low <= exact <= 1:
             raise GateError(f"--fail-on {expr!r}: {metric} lies between {100 * low:g}% and 100%; a threshold of "
                             f"{100 * value:g}% would decide nothing")
         return cls(expr=expr, metric=metric, op=m["op"], value=value, tasks=(m["tasks"] or "*").strip(), exact=exact)
@@ -117,7 +111,8 @@ def _check(t: Threshold, entries: list[Mapping], significance: float | None) -> 
                         f"RUN1,RUN2,...): with one run each, nothing measures the noise floor of reruns")
     if significance is not None:
         is_replicated = any(replicated(e) for e in entries)
-        testable = RUN_LEVEL_METRICS if is_replicated else (*RATE_METRICS, "acc_drop")
+        evidence = REPLICATES if is_replicated else ONE_RUN
+        testable = names(lambda m: evidence in m.tests)
         if t.metric not in testable:
             raise GateError(f"--fail-on {t.expr!r}: {t.metric} has no significance test"
                             + (" over replicate runs" if is_replicated else "")
@@ -163,7 +158,7 @@ def check_gate(report: Comparison | Mapping, thresholds: list[Threshold], signif
         entries = [report.tasks[name] for name in tasks]
         _check(t, entries, significance)
         for name, entry in zip(tasks, entries):
-            if name in churn and t.metric in FLIP_METRICS:
+            if name in churn and about_flips(t.metric):
                 left_out.append(LeftOut.churn(name, t.expr))
             elif value(entry, t.metric) is None:
                 left_out.append(LeftOut.undefined(name, t.expr, t.metric))
@@ -179,12 +174,12 @@ def exit_status(gate: Gate | Mapping) -> int:
 
 
 def _rate(metric: str, value: float) -> str:
-    return f"{100 * value:.2f}%" if metric in IN_RATE_UNITS else f"{value:.4g}"
+    return f"{100 * value:.2f}%" if in_rate_units(metric) else f"{value:.4g}"
 
 
 def _limit(metric: str, threshold: float) -> str:
     """A threshold as written: two decimals in %, more where it has them (`nfr>0.799%` is 0.799%, not 0.80%)."""
-    if metric not in IN_RATE_UNITS:
+    if not in_rate_units(metric):
         return _rate(metric, threshold)
     percent = Decimal(repr(float(threshold))) * 100  # the decimal the threshold was parsed from
     return f"{percent:.{max(2, -percent.normalize().as_tuple().exponent)}f}%"
@@ -202,7 +197,7 @@ def _reach(d: ThresholdDecision) -> str:
         return f"at the rate seen, about {d.items_needed:,} items would decide it"
     if d.at_threshold:
         return "the value seen equals the threshold: no number of items decides it at this value"
-    if d.metric in RATE_METRICS and d.evidence is Evidence.ONE_RUN:  # no number of items up to the cap decides it
+    if is_rate(d.metric) and d.evidence is Evidence.ONE_RUN:  # no number of items up to the cap decides it
         return f"at the rate seen, more than {ITEMS_CAP:,} items would be needed to decide it"
     if d.value == 0:
         return "no change was seen to plan from: add items or runs"

@@ -16,6 +16,7 @@ from ..utils.figures import new_figure, save_figure
 from ..utils.files import atomic_write_text
 from .comparison import Comparison, json_ready
 from .flips import shorten
+from .metric_table import METRICS
 from .verdicts import NOTHING_GATED, Decision, Gate, ThresholdDecision
 
 
@@ -56,12 +57,6 @@ def legend(report: Comparison) -> tuple[str, str]:
             f"{(100 + level) / 2:g} % bound, so a threshold below the lower end is a breach and one above the upper end "
             "is clear; exact binomial for one run, over runs and items and no narrower than the items' exact one with "
             "replicates].")
-
-# the table column that shows each gated metric (acc_drop: the new accuracy)
-GATE_COLUMNS = {"old_acc": "acc old → new", "new_acc": "acc old → new", "acc_drop": "acc old → new",
-                "nfr": "NFR %", "pfr": "PFR %", "inconsistency_flips": "incons. %", "btc": "BTC %", "excess_nfr": "excess NFR %",
-                "smooth_nfr": "smooth NFR %", "smooth_pfr": "smooth PFR %", "m_g": "m_g", "m_r": "m_r",
-                "delta_nfr": "ΔNFR_c"}
 
 
 def task_decisions(gate: Gate | Mapping | None, name: str) -> list[ThresholdDecision]:
@@ -133,7 +128,7 @@ def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]
             key = "delta_nfr" if "delta_nfr" in e else "delta_smooth_nfr"
             row += [_pct(e.get(key)), _fmt(e.get(f"{key}_pct"))]
         for task, metric in breached:
-            column = GATE_COLUMNS.get(metric, GATE_COLUMNS["delta_nfr"] if metric.startswith("delta_") else None)
+            column = METRICS[metric].column if metric in METRICS else None
             if task == name and column in header:
                 row[header.index(column)] += " (!)"  # a --fail-on breach
         rows.append(row)

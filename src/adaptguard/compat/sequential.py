@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .metric_table import METRICS
 from .runs import TaskRun
 
 RECORD = "sequential.json"
@@ -53,12 +54,11 @@ NOT_NEEDED = {"R": "the old model got it right: it cannot flip wrong → right (
                    "got wrong)",
               "W": "the old model got it wrong: it cannot flip right → wrong (nfr and btc count only items the old "
                    "model got right)"}
-STRATA_OF = {"nfr": "R", "btc": "R", "pfr": "W", "acc_drop": "RW", "new_acc": "RW", "old_acc": ""}
 
 
 def needed_strata(metrics: list[str]) -> str:
-    """The strata ("R", "W", "RW" or "") the thresholds' metrics need (`STRATA_OF`)."""
-    need = set("".join(STRATA_OF[m] for m in metrics))
+    """The strata ("R", "W", "RW" or "") the thresholds' metrics need (their rows' `can_flip`, `metric_table`)."""
+    need = set("".join(METRICS[m].can_flip for m in metrics))
     return "".join(s for s in "RW" if s in need)
 
 

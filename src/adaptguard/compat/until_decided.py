@@ -89,15 +89,16 @@ DESIGNS = ("group", "anytime")
 def check_thresholds(thresholds: list, design: str = "group") -> None:
     """Refuse a threshold without a sequential test of the design, and an unknown design (before any model is
     loaded)."""
-    from .decide import SEQUENTIAL_METRICS
     from .gate import ACROSS
+    from .metric_table import ANYTIME, names
 
     if design not in DESIGNS:
         raise RunError(f"--design {design!r}: give one of {', '.join(DESIGNS)}")
     for t in thresholds:
-        if t.metric not in SEQUENTIAL_METRICS:
-            raise RunError(f"--fail-on {t.expr!r}: evaluate decides {', '.join(SEQUENTIAL_METRICS[:-1])} and "
-                           f"{SEQUENTIAL_METRICS[-1]} (anytime-valid tests); use compare on finished runs for the others")
+        decided = names(lambda m: ANYTIME in m.tests)
+        if t.metric not in decided:
+            raise RunError(f"--fail-on {t.expr!r}: evaluate decides {', '.join(decided[:-1])} and "
+                           f"{decided[-1]} (anytime-valid tests); use compare on finished runs for the others")
         if design == "group" and t.tasks == ACROSS:
             raise RunError(f"--fail-on {t.expr!r}: the group-sequential design decides each task on its own; give "
                            "--design anytime for a threshold across tasks")

@@ -27,16 +27,17 @@ import yaml
 from lm_eval.api.task import ConfigurableTask
 
 from .harness import doc_hash, flip_results, smooth_results
+from .metric_table import METRICS
 from .runs import RunError, find_sample_files, prediction, read_task_run
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "compat_"
 CORRECTNESS = ("acc", "exact_match", "em")
-FLIP_METRICS = {"nfr": ("mean", False), "pfr": ("mean", True), "inconsistency_flips": ("mean", False),
-                "btc": ("compat_btc", True)}
-SMOOTH_METRICS = {"smooth_nfr": ("mean", False), "smooth_pfr": ("mean", True), "m_g": ("compat_mean_positive", True),
-                  "m_r": ("compat_mean_negative_abs", False)}
+# each metric's lm-eval aggregation; its higher_is_better is the metric table's direction
+FLIP_METRICS = {"nfr": "mean", "pfr": "mean", "inconsistency_flips": "mean", "btc": "compat_btc"}
+SMOOTH_METRICS = {"smooth_nfr": "mean", "smooth_pfr": "mean", "m_g": "compat_mean_positive",
+                  "m_r": "compat_mean_negative_abs"}
 POOLED = ("nfr", "pfr", "inconsistency_flips", "smooth_nfr", "smooth_pfr")  # rates over documents: pooled in groups
 
 
@@ -60,9 +61,9 @@ class CompatTask(ConfigurableTask):
 
             self._score = get_similarity(self.similarity)  # an unknown name fails here, before the model runs
             extra.update(SMOOTH_METRICS)
-        for name, (aggregation, higher) in extra.items():
+        for name, aggregation in extra.items():
             self._aggregation_list[name] = get_aggregation(aggregation)
-            self._higher_is_better[name] = higher
+            self._higher_is_better[name] = not METRICS[name].higher_is_worse
         self._calls = 0
 
     def _load_reference(self, reference) -> dict[str, dict[str, object]] | None:
