@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptguard.compat.decide import across_tasks, p_beyond, pooled_entry
+from adaptguard.compat.decide import across_tasks, pooled_entry
+from adaptguard.compat.evidence import p_beyond
 from adaptguard.compat.metrics import flip_metrics
 from adaptguard.compat.replicates import benjamini_hochberg, items_beyond_noise
 from adaptguard.compat.simulate import simulate_runs

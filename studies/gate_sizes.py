@@ -26,8 +26,7 @@ import numpy as np
 from scipy.special import gammaln
 from scipy.stats import binom, chi2, norm
 
-from adaptguard.compat.decide import binomial_p
-from adaptguard.compat.metrics import tango_z
+from adaptguard.compat.metrics import binomial_p, tango_z
 
 ALPHA = 0.05
 

@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from adaptguard.compat import group_sequential as gs
+from adaptguard.compat.anytime import agrapa_e_process, anytime_e_values, rate_e_value
 from adaptguard.compat.compare import choose_metric
-from adaptguard.compat.decide import agrapa_e_process, anytime_e_values, decide_threshold, group_stop, rate_e_value
+from adaptguard.compat.decide import decide_threshold, group_stop
 from adaptguard.compat.formats import read_runs
 from adaptguard.compat.gate import Threshold
 from adaptguard.compat.metrics import flip_metrics, paired_drop_p, tango_z

@@ -9,7 +9,7 @@ import pytest
 from in_process import run_cli
 from test_compat import independent_flips
 
-from adaptguard.compat.decide import p_beyond
+from adaptguard.compat.evidence import p_beyond
 from adaptguard.compat.gate import GateError, Threshold, check_gate
 
 

@@ -10,7 +10,7 @@ import pytest
 from scipy.optimize import minimize_scalar
 from scipy.stats import binom, chi2
 
-from adaptguard.compat.decide import p_beyond
+from adaptguard.compat.evidence import p_beyond
 from adaptguard.compat.gate import Threshold, check_gate, describe, exit_status
 from adaptguard.compat.metrics import combined_drop_p, exact_rate_ci, flip_metrics, paired_drop_p, tango_z
 from adaptguard.compat.replicates import items_beyond_noise

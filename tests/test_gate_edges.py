@@ -13,7 +13,7 @@ from in_process import run_lm_eval_cli
 from scipy.stats import binom
 
 from adaptguard.cli.main import main
-from adaptguard.compat.decide import p_beyond
+from adaptguard.compat.evidence import p_beyond
 from adaptguard.compat.gate import GateError, Threshold
 from adaptguard.compat.replicates import replicate_flips
 
@@ -362,7 +362,7 @@ def test_replicate_intervals_stay_in_their_ranges(tmp_path, capsys):
     rates, keeps its negative lower end; on tiny runs where the t bounds pass ±1 it is cut to [−1, 1]."""
     from scipy.stats import beta, t
 
-    from adaptguard.compat.decide import interval
+    from adaptguard.compat.evidence import interval
 
     for r in range(2):
         write_mc(tmp_path / f"old{r}", "t", [True] * 60)

@@ -18,11 +18,11 @@ from adaptguard.compat.metrics import flip_metrics, paired_drop_p, tango_z
 from adaptguard.compat.replicates import replicate_flips
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = json.loads((ROOT / "docs/results/gate_sizes.json").read_text())
+SIZES = json.loads((ROOT / "studies/results/gate_sizes.json").read_text())
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gate_sizes", ROOT / "examples/gate_sizes.py")
+    spec = importlib.util.spec_from_file_location("gate_sizes", ROOT / "studies/gate_sizes.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

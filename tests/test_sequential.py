@@ -12,7 +12,7 @@ import pytest
 from scipy.integrate import quad
 from scipy.stats import beta
 
-from adaptguard.compat.decide import anytime_bounds, anytime_e_values, drop_e_process, rate_e_value
+from adaptguard.compat.anytime import anytime_bounds, anytime_e_values, drop_e_process, rate_e_value
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def test_the_confidence_sequence_decides_exactly_as_the_test():
 
 
 def test_the_replay_file_holds_alpha_never_contradicts_and_is_the_docs_table():
-    out = json.loads((ROOT / "docs/results/sequential.json").read_text())
+    out = json.loads((ROOT / "studies/results/sequential.json").read_text())
     for row in out["size_under_peeking"]:
         bound = out["alpha"] + 3 * math.sqrt(out["alpha"] * (1 - out["alpha"]) / row["sims"])
         assert row["breach"] <= bound and row.get("clear", 0) <= bound, row
@@ -90,7 +90,7 @@ def test_the_replay_file_holds_alpha_never_contradicts_and_is_the_docs_table():
         assert r["same_decision"] == sum(x["sequential"] == x["fixed_n"] for x in rows)
         decided = [x["share"] for x in rows if x["fixed_n"] != "undecided"]
         assert r["median_share_where_fixed_n_decided"] == pytest.approx(float(np.median(decided)))
-    spec = importlib.util.spec_from_file_location("sequential_replay", ROOT / "examples/sequential_replay.py")
+    spec = importlib.util.spec_from_file_location("sequential_replay", ROOT / "studies/sequential_replay.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     text = (ROOT / "docs/compat.md").read_text()
@@ -98,10 +98,10 @@ def test_the_replay_file_holds_alpha_never_contradicts_and_is_the_docs_table():
 
 
 def test_issue_87s_arms_and_sizes_in_the_replay_file():
-    """The group design's rows (docs/results/sequential.json, arms A1, A2, A0g): the summaries recomputed from the
+    """The group design's rows (studies/results/sequential.json, arms A1, A2, A0g): the summaries recomputed from the
     rows, no opposite decision in any arm, the group design never undecided where the fixed-n gate decides (its last
     look is that gate), every exact size of the rate tests ≤ α, the simulated ones within simulation error of α."""
-    out = json.loads((ROOT / "docs/results/sequential.json").read_text())
+    out = json.loads((ROOT / "studies/results/sequential.json").read_text())
     for arm, per in out["arms"].items():
         for expr, r in per.items():
             rows = [x for x in out["arm_rows"] if x["arm"] == arm and x["expr"] == expr]

@@ -359,7 +359,7 @@ def test_generation_stops_at_a_stop_string_and_says_which_rows_ran_out(embedded_
 
 
 def test_default_candidates_follow_e5(tmp_path):
-    """Registered (docs/preregistration.md § E5, Product): the default candidates are the control plus every recipe
+    """Registered (studies/preregistration.md § E5, Product): the default candidates are the control plus every recipe
     that helps on some update in E5's committed report, decided over its registered seeds (8 per arm on U1 and U2 and
     for U3's control and focal), with E3's settings (the runner's arms at T 2) on one budget."""
     from adaptguard import MUSCLEConfig

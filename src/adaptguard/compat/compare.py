@@ -237,7 +237,7 @@ def _group_churn(entry: Mapping, seq: dict, chance: float, guess: float, alpha: 
     chance · (1 − guess) · N / M_R."""
     import numpy as np
 
-    from .decide import binomial_p
+    from .metrics import binomial_p
 
     old, new = np.asarray(seq["old"], bool), np.asarray(seq["new"], bool)
     big_n, m_r, m_w = seq["items"], seq["strata"]["R"], seq["strata"]["W"]
@@ -334,7 +334,7 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
     labels = [c[0].name.partition("@")[0] for c in candidates]
     if len(set(labels)) < len(labels):  # runs in folders of the same name: number them instead
         labels = [f"new{i + 1}" for i in range(len(candidates))]
-    level = 1 - 2 * alpha  # two one-sided bounds at 1 − α: the interval each decision uses (decide.interval)
+    level = 1 - 2 * alpha  # two one-sided bounds at 1 − α: the interval each decision uses (evidence.interval)
     report_tasks, overall, across, runs_per_side = {}, {}, {}, []
     for paths, label in zip(candidates, labels):
         new, *new_replicates = [run for p in paths for run in read_runs(p, notes, scorer)]

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .evidence import OneRun, evidence_of
 from .runs import Sample
 from .verdicts import Gate
 
@@ -38,6 +39,11 @@ class TaskComparison(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self.metrics)
 
+    @property
+    def evidence(self) -> OneRun:
+        """The kind of evidence behind the entry, as its type (`evidence`): its tests, intervals and reach."""
+        return evidence_of(self.metrics)
+
     @classmethod
     def of(cls, entry: Mapping) -> TaskComparison:
         """`entry` typed: as it is, or a mapping of metrics (a `report.json` entry read back, or built by hand)."""
@@ -55,7 +61,7 @@ class Comparison(Mapping[str, Any]):
     runs: dict[str, Any] = field(default_factory=dict)  # {"old": the old side's runs, "new": [each candidate's]}
     compatible: str | None = None  # the --compatible run
     alpha: float = 0.05
-    level: float = 0.95  # the intervals' level, 1 − 2α: the one each decision uses (`decide.interval`)
+    level: float = 0.95  # the intervals' level, 1 − 2α: the one each decision uses (`evidence.interval`)
     include_churn: bool = False
     tasks: dict[str, TaskComparison] = field(default_factory=dict)  # task, `task,filter` or `task [candidate]`
     overall: dict[str, dict] = field(default_factory=dict)  # per candidate: its tasks that are not churn, pooled

@@ -18,7 +18,7 @@ the pooled, max-drop and Fisher tests rejects at α/3; clear when the pooled tes
 `--significance off` compares raw values: breach when beyond the threshold, clear otherwise (no test).
 
 A value is compared with its threshold exactly: the threshold as the decimal it was written in (`0.7%` is 7/1000,
-not 0.7 / 100 = 0.006999999999999999 in floats), the value as the counts behind it (`decide.relation`), so a value
+not 0.7 / 100 = 0.006999999999999999 in floats), the value as the counts behind it (`evidence.relation`), so a value
 at its threshold is neither beyond nor within it — not a breach of `>` (nor of `<`), and with the tests undecided
 unless a test decides it.
 """
@@ -34,13 +34,8 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 from .comparison import Comparison
-from .decide import (
-    decide_across,
-    decide_threshold,
-    is_churn,
-    replicated,
-    value,
-)
+from .decide import decide_across, decide_threshold, is_churn
+from .evidence import replicated, value
 from .metric_table import METRICS, ONE_RUN, REPLICATES, about_flips, in_rate_units, is_rate, names
 from .verdicts import OUTCOMES, Decision, Evidence, Gate, LeftOut, ThresholdDecision, decision_of
 
@@ -187,7 +182,7 @@ def _limit(metric: str, threshold: float) -> str:
 
 def _reach(d: ThresholdDecision) -> str:
     """How far the data reach, for an undecided decision: the MDE, the items needed at the rate seen, or why not."""
-    from .decide import ITEMS_CAP
+    from .evidence import ITEMS_CAP
 
     if d.mde is not None:
         seen = f"the data detect a change of {_rate(d.metric, d.mde)} at 80 % power"

@@ -27,7 +27,7 @@ decision that keeps the whole procedure's size ≤ α:
   α/5 spent by the same function (`z_boundaries`, Brownian motion at information t = n/N by recursive numerical
   integration; under stratified proportional sampling the unstratified score is conservative), the last look
   `compare`'s exact test at α; size P(fixed-n rejects ∪ an early look crosses) ≤ α is shown by simulation over the
-  nuisance grid in `compare`'s own model (examples/sequential_replay.py, docs/results/sequential.json: the early
+  nuisance grid in `compare`'s own model (studies/sequential_replay.py, studies/results/sequential.json: the early
   looks add ≤ 0.1 point to the fixed-n test's size). A look also stops where the fixed-n test on all N items is
   certain to reject whatever the items left hold (deterministic curtailment: it adds nothing to the size).
 
@@ -40,6 +40,7 @@ binomial test's conservatism on fewer items), which is why they stop early only 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import lru_cache
 
 import numpy as np
@@ -176,3 +177,110 @@ def proportional_order(right: list[int], wrong: list[int]) -> list[int]:
     keyed = [((i + 0.5) / len(right), 0, d) for i, d in enumerate(right)]
     keyed += [((i + 0.5) / len(wrong), 1, d) for i, d in enumerate(wrong)]
     return [d for *_, d in sorted(keyed)]
+
+
+# ------------------------------------------------------------- a group-sequential entry's looks (`evaluate` records)
+def group_looks(entry: Mapping) -> list[dict]:
+    """Per look of a group-sequential entry: items done (n), of them old-right (n_r) and old-wrong (n_w), the
+    right → wrong flips among the first (b) and the wrong → right among the second (c)."""
+    import numpy as np
+
+    s = entry["sequential"]
+    old, new = np.asarray(s["old"], bool), np.asarray(s["new"], bool)
+    out = []
+    for n in s["looks"]:
+        o, w = old[:n], new[:n]
+        out.append({"n": n, "n_r": int(o.sum()), "n_w": int(n - o.sum()), "b": int((o & ~w).sum()),
+                    "c": int((~o & w).sum())})
+    return out
+
+
+def rate_pool(metric: str, greater: bool, big_n: int, m_r: int, m_w: int, theta: float):
+    """A rate threshold's side as a "count > θ′" test over one stratum: (stratum, count at a look, offset, items of
+    the fixed-n test, θ′) — the fixed-n test rejects for offset + count of the stratum large (`group_sequential`)."""
+    if metric == "nfr":
+        return ("R", lambda x: x["b"], 0, big_n, theta) if greater else \
+            ("R", lambda x: x["n_r"] - x["b"], big_n - m_r, big_n, 1 - theta)
+    if metric == "pfr":
+        return ("W", lambda x: x["c"], 0, big_n, theta) if greater else \
+            ("W", lambda x: x["n_w"] - x["c"], big_n - m_w, big_n, 1 - theta)
+    # btc: over the items the old model got right
+    return ("R", lambda x: x["n_r"] - x["b"], 0, m_r, theta) if greater else ("R", lambda x: x["b"], 0, m_r, 1 - theta)
+
+
+def full_entry(entry: Mapping, last: dict) -> dict:
+    """The fixed-n entry of all N items once the strata a metric needs are done: the items left out count what they
+    must (no right → wrong flip among the old-wrong ones, no wrong → right among the old-right ones); the counts of a
+    stratum not evaluated are None."""
+    s = entry["sequential"]
+    big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
+    b = last["b"] if last["n_r"] == m_r else None
+    c = last["c"] if last["n_w"] == m_w else None
+    new_acc = None if b is None or c is None else (m_r - b + c) / big_n
+    return {"n": big_n, "old_acc": m_r / big_n, "new_acc": new_acc, "n_negative_flips": b, "n_positive_flips": c,
+            "nfr": None if b is None else b / big_n, "pfr": None if c is None else c / big_n,
+            "btc": None if b is None or not m_r else (m_r - b) / m_r}
+
+
+def group_estimate(entry: Mapping, metric: str) -> float | None:
+    """The metric over all N items as estimated at the last look (each stratum's rate so far times its known size;
+    exact once the strata it needs are done); None where a stratum it needs has no item yet."""
+    s = entry["sequential"]
+    big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
+    x = group_looks(entry)[-1] if s["looks"] else {"n": 0, "n_r": 0, "n_w": 0, "b": 0, "c": 0}
+    flips = x["b"] / x["n_r"] * m_r if x["n_r"] else (0.0 if m_r == 0 else None)
+    fixes = x["c"] / x["n_w"] * m_w if x["n_w"] else (0.0 if m_w == 0 else None)
+    if metric == "old_acc":
+        return m_r / big_n
+    if metric in ("nfr", "btc"):
+        return None if flips is None else (flips / big_n if metric == "nfr" else (1 - flips / m_r if m_r else None))
+    if metric == "pfr":
+        return None if fixes is None else fixes / big_n
+    if flips is None or fixes is None:
+        return None
+    return (flips - fixes) / big_n if metric == "acc_drop" else (m_r - flips + fixes) / big_n
+
+
+def rate_side(entry: Mapping, metric: str, theta: float, greater: bool, alpha: float, looks: list[dict]):
+    """The first look (index) at which the rate design's side crosses, its stagewise p there (else the smallest
+    nominal p seen, never below α), and the stratum's looks."""
+    from scipy.stats import binom
+
+    s = entry["sequential"]
+    big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
+    stratum, count, offset, n_final, th = rate_pool(metric, greater, big_n, m_r, m_w, theta)
+    pool = m_r if stratum == "R" else m_w
+    done = "n_r" if stratum == "R" else "n_w"
+    seen, counts, where = [], [], []
+    for i, x in enumerate(looks):  # the stratum's own looks: where it advanced
+        if x[done] > (seen[-1] if seen else 0) and x[done] < pool:
+            seen.append(x[done])
+            counts.append(count(x))
+            where.append(i)
+    if not seen:
+        return None, 1.0
+    q0 = (th * n_final - offset) / pool
+    cut = final_cut(offset, n_final, th, alpha, pool)
+    bounds = rate_boundaries(seen, pool, q0, cut, alpha)
+    for j, (k, b) in enumerate(zip(counts, bounds)):
+        if k >= b:  # stagewise p: an earlier crossing, or this look's count or more
+            before = rate_size(seen[:j], pool, q0, None, bounds[:j])
+            return where[j], min(alpha, before + first_passage_tail(seen[: j + 1], bounds[:j], q0, k))
+    nominal = binom.sf(counts[-1] - 1, seen[-1], min(1.0, max(0.0, q0)))
+    return None, max(alpha, float(nominal))
+
+
+def first_passage_tail(looks: list[int], bounds: list[float], q0: float, k: int) -> float:
+    """P(no crossing at looks[:-1], count ≥ k at looks[-1]) for i.i.d. Bernoulli(q0) items."""
+    import numpy as np
+    from scipy.stats import binom
+
+    dist, done = np.array([1.0]), 0
+    for n, b in zip(looks[:-1], bounds):
+        dist = np.convolve(dist, binom.pmf(np.arange(n - done + 1), n - done, min(1.0, max(0.0, q0))))[: n + 1]
+        done = n
+        if math.isfinite(b):
+            dist[int(b):] = 0.0
+    n = looks[-1]
+    dist = np.convolve(dist, binom.pmf(np.arange(n - done + 1), n - done, min(1.0, max(0.0, q0))))[: n + 1]
+    return float(dist[k:].sum())

@@ -44,7 +44,7 @@ class Metric:
 
     @property
     def counted(self) -> bool:
-        """Its value is a ratio of whole counts of items, compared with a threshold exactly (`decide.relation`)."""
+        """Its value is a ratio of whole counts of items, compared with a threshold exactly (`evidence.relation`)."""
         return self.unit is Unit.RATE or REPLICATES in self.tests
 
     @property
@@ -101,6 +101,12 @@ def names(keep: Callable[[Metric], bool] = lambda m: True) -> tuple[str, ...]:
 
 def metric(name: str) -> Metric | None:
     return METRICS.get(name)
+
+
+def strata(name: str) -> str:
+    """The strata of the known pool a metric needs evaluated: "R" (old-right items), "W" (old-wrong), "RW" or ""."""
+    m = METRICS.get(name)
+    return "RW" if m is None or m.can_flip is None else m.can_flip
 
 
 def is_rate(name: str) -> bool:

@@ -86,7 +86,7 @@ def _verdict(e: Mapping, name: str, report: Comparison) -> str:
 
 
 def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]]:
-    from .decide import interval
+    from .evidence import interval
 
     report = Comparison.of(report)
     alpha = report.alpha

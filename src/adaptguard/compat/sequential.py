@@ -96,7 +96,7 @@ def group_view(seq: dict) -> dict:
     without both strata, no NFR without the old-right items, no PFR without the old-wrong ones."""
     if seq.get("design") != "group":
         return {}
-    from .decide import group_estimate
+    from .group_sequential import group_estimate
 
     entry = {"sequential": seq}
     big_n, m_r = seq["items"], seq["strata"]["R"]

@@ -7,7 +7,7 @@ those the old model got right for `nfr`/`btc`, those it got wrong for `pfr`, bot
 stratum in a seeded random order, and after each chunk every (task, threshold) is decided by the group-sequential
 tests over the known pool (`group_sequential`: α spent over the looks; the last look is `compare`'s fixed-n test on
 all items). With `design="anytime"` every document is visited in a seeded random order and decided by the
-anytime-valid tests of `decide` (e-processes: valid however often one looks, N not used). A task stops when each of its
+anytime-valid tests of `anytime` (e-processes: valid however often one looks, N not used). A task stops when each of its
 thresholds is decided (one left out so far, as a churn task's flips are, is not: more items may show the old model
 above chance), the run when every task has stopped or run out of documents. The output folder is an ordinary lm-eval
 `--log_samples` run (the samples evaluated so far) plus the record (`sequential.RECORD`) of the order and the looks:

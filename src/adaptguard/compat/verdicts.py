@@ -39,7 +39,7 @@ class Reason(StrEnum):
 
     @property
     def at_threshold(self) -> bool:
-        """The value equals its threshold exactly (compared on the counts, `decide.relation`)."""
+        """The value equals its threshold exactly (compared on the counts, `evidence.relation`)."""
         return self in (Reason.AT_THRESHOLD, Reason.AT_THRESHOLD_RAW)
 
     @property
@@ -49,7 +49,7 @@ class Reason(StrEnum):
 
     @classmethod
     def untested(cls, side: int, op: str) -> Reason:
-        """A raw value (no test) on `side` of its threshold (`decide.relation`): at it is not beyond it."""
+        """A raw value (no test) on `side` of its threshold (`evidence.relation`): at it is not beyond it."""
         return cls.AT_THRESHOLD_RAW if side == 0 else cls.BEYOND if beyond(side, op) else cls.WITHIN
 
     @classmethod
