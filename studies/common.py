@@ -45,7 +45,7 @@ def training_rows(rows: list[dict]) -> list[dict]:
 def score_tasks(model, tokenizer, tasks: dict[str, list[dict]], work: Path, batch_size: int) -> dict[str, list[bool]]:
     """{task: per-item correctness} of `model` on each task's rows by lm-eval (log-likelihood of each choice), in
     row order; one lm-eval run for all of them."""
-    from adaptguard.compat.callback import evaluate_with_lm_eval, task_runs_from_output
+    from adaptguard.compat.harness.callback import evaluate_with_lm_eval, task_runs_from_output
     from adaptguard.data.bigbench import write_lm_eval_tasks
 
     names = write_lm_eval_tasks(tasks, work, prefix="split_", source="adaptguard experiment split of {name}")

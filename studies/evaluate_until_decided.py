@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from adaptguard.compat.gate import Threshold
-from adaptguard.compat.until_decided import evaluate_until_decided
+from adaptguard.compat.harness.until_decided import evaluate_until_decided
 from adaptguard.data.bigbench import load_tasks, write_lm_eval_tasks
 from adaptguard.models.embedded import resolve_model
 from adaptguard.utils.quiet import hide_unused_library_noise

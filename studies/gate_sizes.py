@@ -26,7 +26,7 @@ import numpy as np
 from scipy.special import gammaln
 from scipy.stats import binom, chi2, norm
 
-from adaptguard.compat.metrics import binomial_p, tango_z
+from adaptguard.compat.stats.metrics import binomial_p, tango_z
 
 ALPHA = 0.05
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptguard.compat.replicates import replicate_flips
-from adaptguard.compat.simulate import simulate_runs, true_excess_nfr
+from adaptguard.compat.stats.replicates import replicate_flips
+from adaptguard.compat.stats.simulate import simulate_runs, true_excess_nfr
 
 
 def rates(runs: int, method: str, sims: int, seed: int, n_items: int, sd_run: float, drop: float = 0.0,
@@ -31,7 +31,7 @@ def rates(runs: int, method: str, sims: int, seed: int, n_items: int, sd_run: fl
         old, new, _ = simulate_runs(rng, n_items, runs, runs, sd_run=sd_run, drop=drop, share=share)
         r = replicate_flips(old, new, method=method, n_boot=400, seed=k)
         if method == "bootstrap":  # the bootstrap's SE with the same t interval and test
-            from adaptguard.compat.replicates import t_interval, t_sf
+            from adaptguard.compat.stats.replicates import t_interval, t_sf
             r["ci"] = t_interval(r["estimate"], r["se"], r["df"])
             r["p_value"] = t_sf(r["estimate"] / r["se"], r["df"])
         rejected += r["p_value"] < 0.05

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
-from adaptguard.compat.callback import evaluate_with_lm_eval
-from adaptguard.compat.metrics import flip_metrics
+from adaptguard.compat.harness.callback import evaluate_with_lm_eval
+from adaptguard.compat.stats.metrics import flip_metrics
 from adaptguard.models.embedded import resolve_model
 from adaptguard.utils.figures import new_figure, save_figure
 from adaptguard.utils.progress import say

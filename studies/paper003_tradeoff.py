@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
-from adaptguard.compat.callback import evaluate_with_lm_eval, task_runs_from_output
 from adaptguard.compat.compare import compare_task
+from adaptguard.compat.harness.callback import evaluate_with_lm_eval, task_runs_from_output
 from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
 from adaptguard.data.openai_evals import as_letter_choices, as_prompt_completion, load_set
 from adaptguard.demo.run import METHODS, Method, train_method

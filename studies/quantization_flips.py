@@ -41,8 +41,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from adaptguard.compat.compare import compare_runs, compare_task
 from adaptguard.compat.comparison import Comparison
-from adaptguard.compat.flips import flipped_documents
-from adaptguard.compat.report import plot_quadrants, write_outputs
+from adaptguard.compat.render.flips import flipped_documents
+from adaptguard.compat.render.report import plot_quadrants, write_outputs
 from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
 from adaptguard.models.embedded import resolve_model
 from adaptguard.utils.quiet import hide_unused_library_noise
@@ -163,7 +163,7 @@ def main(args: Args) -> dict:
     hide_unused_library_noise()  # before lm-eval's imports load torchao and bitsandbytes (their import-time lines)
     if args.e6 or args.schemes:
         return run_schemes(args)
-    from adaptguard.compat.callback import evaluate_with_lm_eval, task_runs_from_output
+    from adaptguard.compat.harness.callback import evaluate_with_lm_eval, task_runs_from_output
 
     variants = ["int8"] if args.quick else args.variants.split(",")
     for variant in variants:  # fail before any output or the long reference run
@@ -359,7 +359,7 @@ def run_schemes(args: Args) -> dict:
     import os
     import shutil
 
-    from adaptguard.compat.callback import evaluate_with_lm_eval
+    from adaptguard.compat.harness.callback import evaluate_with_lm_eval
     from adaptguard.data.bigbench import load_generative_task, write_lm_eval_generative_tasks
     from adaptguard.utils.files import atomic_write_text
 
@@ -491,7 +491,7 @@ def write_schemes_report(records: Path, order: list[str], out: Path, args: Args,
 
     from scipy.stats import binomtest, spearmanr
 
-    from adaptguard.compat.replicates import benjamini_hochberg
+    from adaptguard.compat.stats.replicates import benjamini_hochberg
 
     metas = {s: json.loads((records / s / "meta.json").read_text()) for s in order
              if (records / s / "meta.json").exists()}
@@ -671,7 +671,7 @@ def loglikelihood_drift(a: Path, b: Path, tasks: list[str] | None = None) -> dic
 
 def excess_nfr(sides: tuple, tasks: list[str], vectors) -> dict:
     """`compare`'s replicate mode on (fp32 here, the scheme here, its floor) over `tasks`, at 95 %."""
-    from adaptguard.compat.replicates import replicate_flips
+    from adaptguard.compat.stats.replicates import replicate_flips
 
     fp32, here, floor = sides
     rf = replicate_flips(vectors(fp32, tasks)[None], np.stack([vectors(here, tasks), vectors(floor, tasks)]),

@@ -392,7 +392,7 @@ def summarise(v1: list[bool], v2: list[bool], arms: dict[str, list[list[bool]]],
     """Per arm: accuracy, NFR, PFR (mean over seeds); against the control, the item-paired ΔNFR averaged over seeds
     with a bootstrap CI over items (an item's seeds resampled together), per-seed McNemar p, and the registered
     verdict."""
-    from adaptguard.compat.metrics import flip_metrics, paired_seeds_difference
+    from adaptguard.compat.stats.metrics import flip_metrics, paired_seeds_difference
 
     old = np.asarray(v1, dtype=bool)
     out = {"v2": {k: v for k, v in flip_metrics(old, v2, seed=seed).items()}}

@@ -151,7 +151,7 @@ def arm_summary(v1: list[bool], arms: dict[str, list[list[bool]]], seed: int = 0
     Δ NFR and Δ accuracy item-paired (an item's seeds resampled together), per-seed McNemar on the negative flips,
     the registered verdict, and whether the arm "helps beyond retraining" (reproduced and the Δ accuracy CI above
     −2 points)."""
-    from adaptguard.compat.metrics import flip_indicators, paired_seeds_difference
+    from adaptguard.compat.stats.metrics import flip_indicators, paired_seeds_difference
 
     out = {}
     negative = {a: [flip_indicators(v1, s)["nfr"] for s in runs] for a, runs in arms.items()}
@@ -382,7 +382,7 @@ class E3:
     def dev_update(self, name: str) -> dict:
         """Every arm's grid on dev (seed 0) and each arm's setting by the rule; stored in `dev_choices.json` (frozen:
         a re-run returns the stored entry)."""
-        from adaptguard.compat.metrics import flip_metrics
+        from adaptguard.compat.stats.metrics import flip_metrics
         from adaptguard.update.candidates import pick_setting
 
         done = json.loads(self.choices_path.read_text()) if self.choices_path.exists() else {}
@@ -417,7 +417,7 @@ class E3:
     def test_update(self, name: str) -> dict:
         """The update's dev choices (first), then on test: every arm's chosen setting over the seeds against the
         control, and seed 0's whole grid."""
-        from adaptguard.compat.metrics import bootstrap_mean_ci, flip_indicators
+        from adaptguard.compat.stats.metrics import bootstrap_mean_ci, flip_indicators
 
         entry = self.dev_update(name)
         e, kind, setting, _ = self.update(name)

@@ -1,7 +1,7 @@
 """Experiment E5 (issue 57, studies/preregistration.md § E5): seeds, not items.
 
 Part A (`--stage report`): E1–E4 re-decided from their committed records with run-level statistics
-(`compat.replicates`: intervals over seeds and items, Benjamini–Hochberg over each experiment's family with
+(`compat.stats.replicates`: intervals over seeds and items, Benjamini–Hochberg over each experiment's family with
 FCR-adjusted intervals, minimum detectable effects, chance churn), beside the registered verdicts; E4's trivial
 domain baselines and its per-task general flips. Writes `studies/results/e5_report.{json,md}`.
 
@@ -152,7 +152,7 @@ def e1_rule(lo: float, hi: float) -> str:
 def decide_family(comparisons: list[dict], q: float = Q) -> float:
     """BH at `q` over the family's two-sided p-values; each comparison gains `p_bh`, `selected`, the FCR-adjusted
     `level` and its `adjusted_ci`, and `mde` at that level. Returns the level."""
-    from adaptguard.compat.replicates import benjamini_hochberg, fcr_level, min_detectable_effect, t_interval
+    from adaptguard.compat.stats.replicates import benjamini_hochberg, fcr_level, min_detectable_effect, t_interval
 
     selected, adjusted = benjamini_hochberg([c["p_value"] for c in comparisons], q)
     level = fcr_level(q, sum(selected), len(comparisons))
@@ -163,9 +163,9 @@ def decide_family(comparisons: list[dict], q: float = Q) -> float:
 
 
 def _secondary(family: list[dict], rule=None) -> dict[int, str]:
-    """The verdicts the library's moment estimator (`compat.replicates.crossed_variance`) gives the same family
+    """The verdicts the library's moment estimator (`compat.stats.replicates.crossed_variance`) gives the same family
     (BH and FCR-adjusted intervals as the registered one): reported beside the registered verdict."""
-    from adaptguard.compat.replicates import benjamini_hochberg, fcr_level, t_interval
+    from adaptguard.compat.stats.replicates import benjamini_hochberg, fcr_level, t_interval
 
     selected, _ = benjamini_hochberg([c["moments"]["p_value"] for c in family], Q)
     level = fcr_level(Q, sum(selected), len(family))
@@ -185,8 +185,8 @@ def e3_reanalysis(roots: list[Path], seeds: range = range(8)) -> dict:
     """E3's 12 recipe − control comparisons (4 recipes × 3 updates) at run level, over every seed stored for both."""
     import numpy as np
 
-    from adaptguard.compat.metrics import flip_indicators
-    from adaptguard.compat.replicates import paired_runs_difference
+    from adaptguard.compat.stats.metrics import flip_indicators
+    from adaptguard.compat.stats.replicates import paired_runs_difference
 
     choices = json.loads((E3_RECORDS / "e3" / "dev_choices.json").read_text())
     registered = json.loads((E3_RECORDS / "e3" / "report.json").read_text())["updates"]
@@ -242,7 +242,7 @@ def _general_rows() -> dict[str, list[dict]]:
 def churn_tasks(base: dict[str, list[bool]], rows: dict[str, list[dict]], alpha: float = Q) -> dict[str, dict]:
     """Per general task: the base model's test accuracy, chance (`replicates.chance_rate`) and the exact one-sided
     test of "above chance"; `churn` where it fails."""
-    from adaptguard.compat.replicates import above_chance_p, chance_rate
+    from adaptguard.compat.stats.replicates import above_chance_p, chance_rate
 
     out = {}
     for task, correct in base.items():
@@ -259,8 +259,8 @@ def e4_reanalysis(records: Path = E4_RECORDS) -> dict:
     comparison); domain Δ accuracy; H1/H2 by E4's rules; per-task general flips; the trivial domain baselines."""
     import numpy as np
 
-    from adaptguard.compat.metrics import flip_indicators
-    from adaptguard.compat.replicates import paired_runs_difference
+    from adaptguard.compat.stats.metrics import flip_indicators
+    from adaptguard.compat.stats.replicates import paired_runs_difference
 
     test = records / "scores" / "test"
     base = json.loads((test / "general" / "base" / "scores.json").read_text())
@@ -340,7 +340,7 @@ def e2_reanalysis(report: Path = E2_REPORT) -> dict:
     differences, BH over the 4 comparisons (TALR, DFT − SFT at each learning rate)."""
     import numpy as np
 
-    from adaptguard.compat.replicates import t_sf
+    from adaptguard.compat.stats.replicates import t_sf
 
     data = json.loads(report.read_text())
     arms = {(a["arm"], a["lr"]): [s["general_nfr"] for s in a["per_seed"]] for a in data["arms"]}
@@ -381,7 +381,7 @@ def markdown(r: dict) -> str:
     lines = ["# E5: E1–E4 re-decided with run-level statistics", "",
              "Intervals count seeds and items: the registered two-level paired bootstrap (seeds, then items; 10 000 "
              "resamples, seed 0) for the SE, Student's t on S − 1 df; beside it, the verdict of the library's moment "
-             f"estimator (`compat.replicates`). Benjamini–Hochberg at q = {Q} over each experiment's family, "
+             f"estimator (`compat.stats.replicates`). Benjamini–Hochberg at q = {Q} over each experiment's family, "
              "intervals at the FCR-adjusted level "
              "(Benjamini & Yekutieli 2005); MDE = the Δ the comparison detects with 80 % power at that level. Points "
              "are percentage points.", "",

@@ -205,7 +205,7 @@ class E2:
     def qualification(self, base: dict, sft: dict) -> dict:
         """The registered dev test of one SFT model: it learns the domain (dev gain over the base, item-paired 95 %
         CI above 0) and forgets (general dev NFR against the base ≥ min_nfr)."""
-        from adaptguard.compat.metrics import paired_seeds_difference
+        from adaptguard.compat.stats.metrics import paired_seeds_difference
 
         gain = paired_seeds_difference([sft["domain"]], [base["domain"]], n_boot=4000)
         negative, positive = flips_vs_base(base, sft, self.general)
@@ -275,7 +275,7 @@ def summarise(base: dict[str, list[bool]], runs: dict[tuple[str, float], list[di
     """Per arm and lr: domain / general accuracy (mean over seeds, bootstrap CI over items with their seeds), general
     NFR / PFR vs the base; per lr, TALR − SFT and DFT − SFT item-paired differences with CIs and per-seed McNemar,
     and the registered verdicts (H1: general NFR; H2: the trade-off)."""
-    from adaptguard.compat.metrics import bootstrap_mean_ci, paired_seeds_difference
+    from adaptguard.compat.stats.metrics import bootstrap_mean_ci, paired_seeds_difference
 
     def correct(seeds, task=None):  # (S, N) correctness on the domain or on the general items concatenated
         tasks = [task] if task else general

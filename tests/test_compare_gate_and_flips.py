@@ -24,7 +24,7 @@ def upper_tail(k, n, p):
 
 def entry(n, old_right, neg, pos):
     """A compare entry with the fields the gate reads."""
-    from adaptguard.compat.metrics import mcnemar_exact_p
+    from adaptguard.compat.stats.metrics import mcnemar_exact_p
 
     return {"n": n, "old_acc": old_right / n, "new_acc": (old_right - neg + pos) / n, "nfr": neg / n, "pfr": pos / n,
             "n_negative_flips": neg, "n_positive_flips": pos, "btc": (old_right - neg) / old_right,

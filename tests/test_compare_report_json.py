@@ -75,7 +75,7 @@ def cases(root: Path) -> dict[str, list[str]]:
     mixed = _jsonl(root / "mixed_new.jsonl", [{"task": "t", "id": i, "correct": ok}
                                               for i, ok in enumerate(_pattern(30, 3))])
     out["mixed_formats"] = ["mixed_old", mixed, "--fail-on", "nfr>1%"]
-    from adaptguard.compat.sequential import RECORD, task_order
+    from adaptguard.compat.reading.records import RECORD, task_order
 
     _mc(root / "seq_old", "t", _pattern(200, 6))
     order = task_order(list(range(200)), 0, "t")

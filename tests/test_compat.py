@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from in_process import run_cli
 
-from adaptguard.compat.metrics import (
+from adaptguard.compat.stats.metrics import (
     bootstrap_rate_ci,
     delta_metrics,
     flip_metrics,
@@ -282,8 +282,8 @@ def test_fast_reader_equals_the_general_path(tmp_path, monkeypatch, last):
     numbers, a generation, an empty response, a line with other metrics or a metric missing, a non-numeric metric, a
     bool; and, last, the NaN token of Python's json (which the typed decoder refuses), or a blank line before a plain
     record (line numbers must not slip)."""
-    from adaptguard.compat import runs
-    from adaptguard.compat.runs import read_task_run, samples_from_records
+    from adaptguard.compat.reading import runs
+    from adaptguard.compat.reading.runs import read_task_run, samples_from_records
 
     typed_lines = []
     typed = runs._add_typed_sample
@@ -335,7 +335,7 @@ def test_loglikelihood_task_has_no_inconsistency_flips():
     from pathlib import Path
 
     from adaptguard.compat.compare import compare_task
-    from adaptguard.compat.runs import TaskRun, samples_from_records
+    from adaptguard.compat.reading.runs import TaskRun, samples_from_records
 
     def run(accs, lls):
         records = ((f"line {i}", {"doc_id": i, "doc_hash": str(i), "target_hash": "t", "prompt_hash": "p", "target": " x",
@@ -353,7 +353,7 @@ def test_paired_rate_difference_against_hand_counts_and_normal_theory():
     import numpy as np
     from scipy.stats import binomtest
 
-    from adaptguard.compat.metrics import paired_rate_difference
+    from adaptguard.compat.stats.metrics import paired_rate_difference
 
     out = paired_rate_difference([1, 1, 0, 0, 1], [0, 1, 1, 0, 0])
     assert out["diff"] == pytest.approx(0.2) and (out["n_a_only"], out["n_b_only"]) == (2, 1)
@@ -373,7 +373,7 @@ def test_paired_seeds_difference_resamples_an_items_seeds_together():
     import numpy as np
     from scipy.stats import binomtest
 
-    from adaptguard.compat.metrics import paired_seeds_difference
+    from adaptguard.compat.stats.metrics import paired_seeds_difference
 
     a = [[1, 1, 0, 0, 1], [1, 0, 0, 0, 1]]
     b = [[0, 1, 1, 0, 0], [0, 0, 0, 1, 0]]
@@ -400,7 +400,7 @@ def test_lm_eval_skips_its_own_index_only_when_every_task_is_in_the_given_folder
 
     from lm_eval.tasks import TaskManager
 
-    from adaptguard.compat.callback import _defined_in
+    from adaptguard.compat.harness.callback import _defined_in
 
     index = TaskManager(include_path=[str(Path(__file__).parents[1] / "lm_eval_tasks")], include_defaults=False).task_index
     assert _defined_in(index, ["compat_gsm8k"]) and _defined_in(index, ["compose_logic"])  # a task; a group

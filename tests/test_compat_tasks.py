@@ -110,8 +110,8 @@ def test_reference_of_other_documents_is_refused(compat_runs, tmp_path, monkeypa
     task; the end-to-end exit code of a refused reference is test_missing_reference_is_a_clear_error's."""
     import shutil
 
-    from adaptguard.compat import harness
-    from adaptguard.compat.runs import RunError
+    from adaptguard.compat.harness import tasks as harness
+    from adaptguard.compat.reading.runs import RunError
 
     root, _ = compat_runs
     limited = tmp_path / "limited"
@@ -154,7 +154,7 @@ def test_gathered_include_path_holds_every_task_dir(tmp_path):
     plugin's. lm-eval's own TaskManager must find the tasks of both there, nothing being patched."""
     from lm_eval.tasks import TaskManager
 
-    from adaptguard.compat.harness import gathered_include_path
+    from adaptguard.compat.harness.tasks import gathered_include_path
     from adaptguard.plugins import lm_eval_task_dirs
 
     user = tmp_path / "my_tasks"

@@ -1,4 +1,4 @@
-"""`compat_<name>` for any lm-eval task or group (`adaptguard.compat.variants`): real lm-eval runs on the embedded
+"""`compat_<name>` for any lm-eval task or group (`adaptguard.compat.harness.variants`): real lm-eval runs on the embedded
 tiny models; the in-harness flips must equal `adaptguard compare` on the same two runs."""
 
 import json
@@ -11,7 +11,7 @@ from lm_eval_runs import samples_file
 from test_compat_tasks import results
 
 from adaptguard.compat.compare import compare_runs
-from adaptguard.compat.runs import RunError
+from adaptguard.compat.reading.runs import RunError
 
 # a generation task whose filter is named "none", like the multiple-choice task's: the group then pools both
 GSM_NONE = """include: {tasks}/t_gsm.yaml
@@ -121,7 +121,7 @@ def compat_t_piqa(variant_runs, reference, tmp_path):
     """compat_t_piqa built in this process the way lm-eval builds it, naming `reference` as compat_reference."""
     from lm_eval.tasks import TaskManager
 
-    from adaptguard.compat.variants import write_compat_tasks
+    from adaptguard.compat.harness.variants import write_compat_tasks
 
     tasks = [str(variant_runs / "tasks")]
     write_compat_tasks(["t_piqa"], tmp_path / "v", task_manager=TaskManager(include_path=tasks, include_defaults=False))

@@ -169,7 +169,7 @@ def test_a_kill_between_the_first_samples_and_the_record_resumes(runs, embedded_
     holding other files is still refused, in one line."""
     import lm_eval
 
-    from adaptguard.compat import until_decided
+    from adaptguard.compat.harness import until_decided
 
     real_write, real_evaluate, calls = until_decided._write_samples, lm_eval.simple_evaluate, []
 
@@ -254,7 +254,7 @@ def test_a_second_run_on_one_output_path_is_refused_while_the_first_holds_it(run
     assert codes == [130] and record(out)["done"] == 40
     monkeypatch.setattr(lm_eval, "simple_evaluate", real)
     assert evaluate(runs, embedded_path, out, "right", "pfr>0.5%") == 3
-    from adaptguard.compat.until_decided import LOCK
+    from adaptguard.compat.harness.until_decided import LOCK
 
     t = record(out)
     docs = [s["doc_id"] for s in samples_of(out)]

@@ -49,7 +49,7 @@ def raw_inspect(log: Path, scorer: str = "includes") -> dict:
 
 
 def test_inspect_logs_compare_with_epochs_as_replicates(inspect_logs, tmp_path):
-    from adaptguard.compat.replicates import replicate_flips
+    from adaptguard.compat.stats.replicates import replicate_flips
 
     proc = run_cli("compare", inspect_logs["old"], inspect_logs["new"], "--json", tmp_path / "c.json",
                    "--html", tmp_path / "c.html", "--flips-out", tmp_path / "f.jsonl")
@@ -177,7 +177,7 @@ def test_lighteval_without_doc_ids_keys_by_row_and_mixed_sides_must_match(tmp_pa
 
 # --------------------------------------------------------------------------------------------------- JSONL
 def test_the_jsonl_form_with_tasks_and_epochs(tmp_path):
-    from adaptguard.compat.simulate import simulate_runs
+    from adaptguard.compat.stats.simulate import simulate_runs
 
     old, new, _ = simulate_runs(np.random.default_rng(2), 200, 3, 3, drop=5.0, share=0.3, sd_run=0.1)
     old, new = old.astype(bool), new.astype(bool)

@@ -12,14 +12,14 @@ from scipy.stats import binom, chi2
 
 from adaptguard.compat.evidence import p_beyond
 from adaptguard.compat.gate import Threshold, check_gate, describe, exit_status
-from adaptguard.compat.metrics import combined_drop_p, exact_rate_ci, flip_metrics, paired_drop_p, tango_z
-from adaptguard.compat.replicates import items_beyond_noise
-from adaptguard.compat.simulate import simulate_runs
+from adaptguard.compat.stats.metrics import combined_drop_p, exact_rate_ci, flip_metrics, paired_drop_p, tango_z
+from adaptguard.compat.stats.replicates import items_beyond_noise
+from adaptguard.compat.stats.simulate import simulate_runs
 
 
 def entry(n, old_right, neg, pos, churn=False):
     """A single-run compare entry with the fields the gate reads."""
-    from adaptguard.compat.metrics import mcnemar_exact_p
+    from adaptguard.compat.stats.metrics import mcnemar_exact_p
 
     return {"n": n, "old_acc": old_right / n, "new_acc": (old_right - neg + pos) / n, "nfr": neg / n, "pfr": pos / n,
             "n_negative_flips": neg, "n_positive_flips": pos, "btc": (old_right - neg) / old_right if old_right else None,
@@ -259,7 +259,7 @@ def test_accuracy_drop_against_a_margin_uses_tango_and_at_zero_the_exact_mcnemar
 
 
 def test_every_decision_agrees_between_the_table_the_sentence_and_the_json():
-    from adaptguard.compat.report import table_rows, task_sentence, to_json
+    from adaptguard.compat.render.report import table_rows, task_sentence, to_json
 
     report = {"tasks": {"a": entry(100, 60, 12, 1), "b": entry(18, 12, 0, 0)}, "alpha": 0.05}
     report["gate"] = check_gate(report, [Threshold.parse("nfr>2%")], 0.05)
@@ -278,7 +278,7 @@ def _across_report(rng, tasks, n, share, alpha=0.05):
     model loses 3 logits on a `share` of every task's items. Returns (the verdict across tasks at α/3 each, whether
     per-task BH at α flags any task)."""
     from adaptguard.compat.decide import across_tasks, pooled_entry
-    from adaptguard.compat.replicates import benjamini_hochberg
+    from adaptguard.compat.stats.replicates import benjamini_hochberg
 
     olds, news, entries = [], [], []
     for _ in range(tasks):
@@ -465,7 +465,7 @@ def test_the_shipped_pair_compares_offline_and_agrees_with_evalsig(tmp_path):
     from evalsig.inference.mcnemar import mcnemar_test
     from evalsig.io.lm_eval import read_lm_eval_json
 
-    from adaptguard.compat.runs import example_run_path, find_sample_files
+    from adaptguard.compat.reading.runs import example_run_path, find_sample_files
 
     proc = _cli("compare", "example:fp32", "example:int8", "--fail-on", "acc_drop>0", "--fail-on", "nfr>10%",
                 "--json", tmp_path / "c.json", "--html", tmp_path / "c.html")

@@ -15,7 +15,7 @@ from scipy.stats import binom
 from adaptguard.cli.main import main
 from adaptguard.compat.evidence import p_beyond
 from adaptguard.compat.gate import GateError, Threshold
-from adaptguard.compat.replicates import replicate_flips
+from adaptguard.compat.stats.replicates import replicate_flips
 
 TS = "2026-11-27T00-00-00.000000"
 
@@ -436,7 +436,7 @@ def test_the_page_banner_says_what_was_tested_in_its_colour(tmp_path, capsys):
         assert f'class="verdict {status}"' in banner, (status, banner)
     text = (tmp_path / "none.html").read_text()
     assert "No gate given" in text and "Largest NFR: t, 29.0 %" in text
-    from adaptguard.compat.html import STYLE
+    from adaptguard.compat.render.html import STYLE
 
     colours = {k: STYLE.split(f".verdict.{k}{{")[1].split("}")[0] for k in ("failed", "undecided", "passed")}
     assert len(set(colours.values())) == 3 and "e0a526" in colours["undecided"]

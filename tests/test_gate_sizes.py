@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from scipy.stats import binom, binomtest, multinomial
 
 from adaptguard.compat.gate import Threshold, check_gate, exit_status
-from adaptguard.compat.metrics import flip_metrics, paired_drop_p, tango_z
-from adaptguard.compat.replicates import replicate_flips
+from adaptguard.compat.stats.metrics import flip_metrics, paired_drop_p, tango_z
+from adaptguard.compat.stats.replicates import replicate_flips
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = json.loads((ROOT / "studies/results/gate_sizes.json").read_text())

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, multivariate_normal, norm
 
-from adaptguard.compat import group_sequential as gs
 from adaptguard.compat.decide import decide_threshold, group_stop
 from adaptguard.compat.gate import Threshold
-from adaptguard.compat.metrics import flip_metrics
-from adaptguard.compat.sequential import group_plan
+from adaptguard.compat.reading.records import group_plan
+from adaptguard.compat.stats import group_sequential as gs
+from adaptguard.compat.stats.metrics import flip_metrics
 
 ALPHA = 0.05
 
@@ -115,7 +115,7 @@ def test_with_every_item_that_can_change_it_done_the_decision_is_compares_on_all
 def test_the_agrapa_bet_uses_only_the_items_before_it():
     """The aGRAPA wealth against a plain loop: each bet from the items before it (mean and variance shrunk by one
     pseudo-item), cut to [0, 0.9 / (1 ± m)]; an item's answer never changes its own bet."""
-    from adaptguard.compat.anytime import agrapa_e_process
+    from adaptguard.compat.stats.anytime import agrapa_e_process
 
     rng = np.random.default_rng(3)
     x = rng.choice([-1, 0, 1], size=150, p=[0.05, 0.8, 0.15]).astype(float)

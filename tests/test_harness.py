@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 
-from adaptguard.compat import harness
+from adaptguard.compat.harness import tasks as harness
 
 
 def test_aggregations():
@@ -122,7 +122,7 @@ def test_compare_and_the_harness_extract_the_same_predictions(monkeypatch):
     """One prediction extraction (`runs.prediction`) for `compare` and the compat_* tasks: an empty response is the
     empty answer in both, so their inconsistency flips agree item by item."""
     from adaptguard.compat.compare import compare_task
-    from adaptguard.compat.runs import TaskRun, prediction, samples_from_records
+    from adaptguard.compat.reading.runs import TaskRun, prediction, samples_from_records
 
     assert prediction([]) == "" and prediction([[]]) == "" and prediction([["72"]]) == "72"
     assert prediction([(-2.0, False), (-1.0, True), (-1.0, False)]) == 1  # the first maximum, as lm-eval's acc

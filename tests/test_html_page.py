@@ -108,7 +108,7 @@ def test_the_page_is_self_contained_and_reads_without_its_script(known_flips, tm
 
 
 def test_a_large_run_is_capped_with_a_note(known_flips):
-    from adaptguard.compat.html import flips_section
+    from adaptguard.compat.render.html import flips_section
 
     flips = [{"task": "t", "doc_id": i, "kind": "negative", "prompt": "p", "gold": 1, "old": 1, "new": 2}
              for i in range(12)]

@@ -8,7 +8,7 @@ from scipy.stats import binomtest
 from adaptguard.compat import metric_table
 from adaptguard.compat.gate import GateError, Threshold, check_gate
 from adaptguard.compat.metric_table import ONE_RUN, Metric, Unit
-from adaptguard.compat.report import table_rows
+from adaptguard.compat.render.report import table_rows
 from adaptguard.compat.verdicts import Decision
 
 

@@ -125,7 +125,7 @@ def test_assert_compatible_reads_what_compare_reads(tmp_path):
     code path: excess_nfr, which compare refuses without replicates, is decided; a task glob restricts the gate."""
     import shutil
 
-    from adaptguard.compat.runs import example_run_path
+    from adaptguard.compat.reading.runs import example_run_path
 
     for copy, run in (("a", "fp32"), ("b", "fp32"), ("c", "int8")):  # two reruns of the old model, as a seed pair
         shutil.copytree(example_run_path(f"example:{run}"), tmp_path / copy)

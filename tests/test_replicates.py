@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from in_process import run_cli
 
-from adaptguard.compat.replicates import (
+from adaptguard.compat.stats.replicates import (
     above_chance_p,
     benjamini_hochberg,
     chance_rate,
@@ -19,7 +19,7 @@ from adaptguard.compat.replicates import (
     paired_runs_difference,
     replicate_flips,
 )
-from adaptguard.compat.simulate import simulate_runs, true_excess_nfr
+from adaptguard.compat.stats.simulate import simulate_runs, true_excess_nfr
 
 
 # ---------------------------------------------------------------------------------------------- the point values
@@ -193,7 +193,7 @@ def test_planted_regressions_are_found_and_the_interval_covers_the_truth():
 def test_item_level_interval_alone_undercovers_when_runs_vary():
     """Why runs count: with a run effect, an interval that resamples items only (runs fixed) misses the truth far
     more often than 5 %, while the run-level one holds."""
-    from adaptguard.compat.metrics import paired_seeds_difference
+    from adaptguard.compat.stats.metrics import paired_seeds_difference
 
     rng = np.random.default_rng(13)
     item_only = run_level = 0

@@ -12,7 +12,7 @@ import pytest
 from scipy.integrate import quad
 from scipy.stats import beta
 
-from adaptguard.compat.anytime import anytime_bounds, anytime_e_values, drop_e_process, rate_e_value
+from adaptguard.compat.stats.anytime import anytime_bounds, anytime_e_values, drop_e_process, rate_e_value
 
 ROOT = Path(__file__).resolve().parents[1]
 

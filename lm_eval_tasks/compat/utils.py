@@ -1,9 +1,9 @@
-"""Dataset loaders and per-sample results of the compat_* tasks (the logic is in adaptguard.compat.harness)."""
+"""Dataset loaders and per-sample results of the compat_* tasks (the logic is in adaptguard.compat.harness.tasks)."""
 
 from lm_eval.tasks.hellaswag.utils import process_docs as hellaswag_docs  # noqa: F401  (lm-eval's own, unchanged)
 
-from adaptguard.compat import harness
-from adaptguard.compat.metrics import btc_aggregation, mean_negative_abs, mean_positive  # noqa: F401
+from adaptguard.compat.harness import tasks as harness
+from adaptguard.compat.stats.metrics import btc_aggregation, mean_negative_abs, mean_positive  # noqa: F401
 
 
 def _gsm8k_exact_match() -> dict:

@@ -14,7 +14,7 @@ _LAZY = {
     "TALRTrainer": ".talr.trainer",
     "WiseFTCallback": ".talr.callbacks",
     "TokenAnalysisCallback": ".talr.callbacks",
-    "LMEvalCallback": ".compat.callback",
+    "LMEvalCallback": ".compat.harness.callback",
     "MUSCLEConfig": ".muscle.config",
     "MUSCLETrainer": ".muscle.trainer",
     "default_lora_targets": ".utils.lora",
@@ -23,7 +23,7 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:
-    from .compat.callback import LMEvalCallback
+    from .compat.harness.callback import LMEvalCallback
     from .muscle.config import MUSCLEConfig
     from .muscle.trainer import MUSCLETrainer
     from .plugins.hookspecs import hookimpl

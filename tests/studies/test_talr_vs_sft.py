@@ -85,7 +85,7 @@ def test_summary_against_hand_counts():
 
 
 def test_dev_rule_follows_the_stored_dev_scores(tmp_path, embedded_path):
-    from adaptguard.compat.metrics import paired_seeds_difference
+    from adaptguard.compat.stats.metrics import paired_seeds_difference
     from studies.talr_vs_sft import E2
 
     cfg = toy_config(tmp_path, embedded_path, min_nfr=0.1)

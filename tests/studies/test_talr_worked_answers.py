@@ -62,7 +62,7 @@ def test_token_regime_against_a_hand_computation(embedded_path):
 
 
 def test_pipeline_checkpoints_dev_rule_and_report(tmp_path, embedded_path):
-    from adaptguard.compat.metrics import paired_seeds_difference
+    from adaptguard.compat.stats.metrics import paired_seeds_difference
     from studies import talr_worked_answers as e4m
 
     cfg = toy_config(tmp_path, embedded_path)

@@ -13,7 +13,7 @@ COMPARE_EXAMPLE = "example: " + "adaptguard compare runs/old runs/new --fail-on 
 
 def _compare(ns: argparse.Namespace) -> int:
     from ..compat.compare import compare_runs
-    from ..compat.report import to_text, write_outputs
+    from ..compat.render.report import to_text, write_outputs
 
     outputs = _check_outputs(ns)  # before reading the runs
     if ns.plot:
@@ -41,7 +41,7 @@ def _compare(ns: argparse.Namespace) -> int:
     flips = {}
     every = bool(ns.flips_out or ns.html)
     if ns.show_flips or every:  # one pass over the sample files serves all three
-        from ..compat.flips import flipped_documents
+        from ..compat.render.flips import flipped_documents
 
         flips = {
             task: flipped_documents(e, negative_only=not every, limit=None if every else ns.show_flips)

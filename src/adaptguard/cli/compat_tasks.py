@@ -13,7 +13,7 @@ EXAMPLE = "example: " + "adaptguard compat-tasks mmlu arc_easy --out compat-task
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from ..compat.variants import write_compat_tasks
+    from ..compat.harness.variants import write_compat_tasks
 
     for d in ns.include_path or []:
         if not Path(d).is_dir():

@@ -32,12 +32,12 @@ def load_lm(model: str, model_args: str, batch_size: int, device: str | None):
 def _evaluate(ns: argparse.Namespace) -> int:
     import tempfile
 
-    from ..compat.callback import task_manager
-    from ..compat.formats import read_runs
     from ..compat.gate import describe, exit_status
-    from ..compat.harness import gathered_include_path
-    from ..compat.sequential import load_record
-    from ..compat.until_decided import check_thresholds, evaluate_until_decided, holds_other_files, output_lock
+    from ..compat.harness.callback import task_manager
+    from ..compat.harness.tasks import gathered_include_path
+    from ..compat.harness.until_decided import check_thresholds, evaluate_until_decided, holds_other_files, output_lock
+    from ..compat.reading.formats import read_runs
+    from ..compat.reading.records import load_record
     from ..plugins import lm_eval_task_dirs
 
     if ns.significance is None:

@@ -18,12 +18,12 @@ def run_lm_eval(argv: list[str]) -> int:
 
     lm-eval's CLI takes one `--include_path`, so the plugin directories (after the user's own
     `--include_path`, if given, so that it comes first as before) are gathered into one temporary folder of
-    symlinks (`compat.harness.gathered_include_path`), which replaces the option; nothing of lm-eval is patched."""
+    symlinks (`compat.harness.tasks.gathered_include_path`), which replaces the option; nothing of lm-eval is patched."""
     import tempfile
 
     from lm_eval.__main__ import cli_evaluate
 
-    from ..compat.harness import gathered_include_path
+    from ..compat.harness.tasks import gathered_include_path
     from ..plugins import lm_eval_task_dirs
 
     argv, user_dirs = [resolve_model_names(a) for a in argv], []
@@ -52,7 +52,7 @@ def run_lm_eval(argv: list[str]) -> int:
 
 
 def _add_compat_variants(argv: list[str], include: Path) -> None:
-    """Write `compat_<name>` variants (`compat.variants`) into `include` for each `--tasks` name of that form that
+    """Write `compat_<name>` variants (`compat.harness.variants`) into `include` for each `--tasks` name of that form that
     no task folder defines (the hand-written compat tasks and globs are left to lm-eval)."""
     names = []
     for i, arg in enumerate(argv):
@@ -67,8 +67,8 @@ def _add_compat_variants(argv: list[str], include: Path) -> None:
             names += [n.strip() for n in value.split(",") if n.strip().startswith("compat_") and not any(c in n for c in "*?[")]
     if not names:
         return
-    from ..compat.callback import task_manager
-    from ..compat.variants import PREFIX, write_compat_tasks
+    from ..compat.harness.callback import task_manager
+    from ..compat.harness.variants import PREFIX, write_compat_tasks
 
     missing = [n for n in names if n not in task_manager(include, []).task_index]
     if missing:  # written from the tasks they vary, which may be lm-eval's own

@@ -17,12 +17,11 @@ from pathlib import Path
 from ..plugins import get_similarity
 from .comparison import Comparison, TaskComparison
 from .decide import across_verdict, churn, flag_regressions, is_churn, pooled_entry
-from .flips import same_choices
-from .formats import read_runs
-from .metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
-from .replicates import chance_rate, items_beyond_noise, replicate_flips
-from .runs import RunError, Sample, TaskRun
-from .sequential import group_view, load_record, restrict, sequential_entry
+from .reading.formats import read_runs
+from .reading.records import group_view, load_record, restrict, sequential_entry
+from .reading.runs import RunError, Sample, TaskRun, same_choices
+from .stats.metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
+from .stats.replicates import chance_rate, items_beyond_noise, replicate_flips
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
 
@@ -237,7 +236,7 @@ def _group_churn(entry: Mapping, seq: dict, chance: float, guess: float, alpha: 
     chance · (1 − guess) · N / M_R."""
     import numpy as np
 
-    from .metrics import binomial_p
+    from .stats.metrics import binomial_p
 
     old, new = np.asarray(seq["old"], bool), np.asarray(seq["new"], bool)
     big_n, m_r, m_w = seq["items"], seq["strata"]["R"], seq["strata"]["W"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .evidence import OneRun, evidence_of
-from .runs import Sample
+from .reading.runs import Sample
 from .verdicts import Gate
 
 

@@ -12,11 +12,11 @@ import math
 from collections.abc import Mapping
 from fractions import Fraction
 
-from .anytime import anytime_e_values, anytime_p
 from .evidence import GroupSequential, as_fraction, evidence_of, p_beyond, relation, replicated, value
-from .group_sequential import full_entry, group_estimate, group_looks, rate_side
 from .metric_table import strata
-from .metrics import binomial_p
+from .stats.anytime import anytime_e_values, anytime_p
+from .stats.group_sequential import full_entry, group_estimate, group_looks, rate_side
+from .stats.metrics import binomial_p
 from .verdicts import Across, Decision, Evidence, Reason, ThresholdDecision, beyond
 
 ACROSS_METHODS = ("pooled", "max_drop", "fisher")
@@ -92,7 +92,7 @@ def regression_p(entry: Mapping) -> float:
 def flag_regressions(tasks: Mapping[str, Mapping], alpha: float, include_churn: bool) -> dict[str, dict]:
     """Benjamini–Hochberg over the tasks' regression tests (`regression_p`; churn tasks left out unless
     `include_churn`): per tested task, its `regression` = {tested, p, p_bh, flagged}."""
-    from .replicates import benjamini_hochberg
+    from .stats.replicates import benjamini_hochberg
 
     names = [k for k, e in tasks.items() if "replicates" in e and (include_churn or not is_churn(e))]
     ps = [regression_p(tasks[k]) for k in names]
@@ -107,8 +107,8 @@ def pooled_entry(olds, news) -> dict:
     pooled test across tasks: counts with one run per side, the run-level statistics with replicates."""
     import numpy as np
 
-    from .metrics import flip_metrics
-    from .replicates import replicate_flips
+    from .stats.metrics import flip_metrics
+    from .stats.replicates import replicate_flips
 
     o, n = np.concatenate(olds, 1), np.concatenate(news, 1)
     if len(o) == 1 and len(n) == 1:
@@ -122,7 +122,7 @@ def across_tasks(entries: list[Mapping], pooled: dict, margin: float = 0.0, op: 
     """Kübler et al.'s three tests of "the new model is worse by more than `margin`" across K tasks, each a p-value:
     `pooled` (every item of every task in one test), `max_drop` and `fisher` (the tasks' one-sided p-values combined,
     `metrics.combined_drop_p`). A verdict splits α across the three (Bonferroni, α/3 each)."""
-    from .metrics import combined_drop_p
+    from .stats.metrics import combined_drop_p
 
     per_task = [p_beyond(e, "acc_drop", margin, op) for e in entries]
     return {"pooled": p_beyond(pooled, "acc_drop", margin, op), **combined_drop_p(per_task)}
@@ -202,8 +202,8 @@ def _score_side(entry: Mapping, metric: str, theta: float, greater: bool, alpha:
     and the α spent by then (else the smallest nominal p seen, never below α)."""
     from scipy.stats import norm
 
-    from .group_sequential import EARLY_SHARE, obf_spent, z_boundaries
-    from .metrics import tango_z
+    from .stats.group_sequential import EARLY_SHARE, obf_spent, z_boundaries
+    from .stats.metrics import tango_z
 
     s = entry["sequential"]
     big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]

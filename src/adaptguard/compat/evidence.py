@@ -28,7 +28,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 from .metric_table import METRICS, REPLICATES, is_rate, strata, tested
-from .metrics import _EPS, binomial_p
+from .stats.metrics import _EPS, binomial_p
 from .verdicts import Evidence
 
 ITEMS_CAP = 10_000_000  # items_needed plans up to this many items
@@ -143,7 +143,7 @@ class OneRun:
 
     def p(self, metric: str, threshold: float, op: str) -> float:
         """p-value of H0 "metric ≤ threshold" against "metric > threshold" (`op` ">"), or of "≥" against "<"."""
-        from .metrics import paired_drop_p
+        from .stats.metrics import paired_drop_p
 
         e = self.entry
         if metric == "acc_drop":
@@ -188,7 +188,7 @@ class Replicates(OneRun):
     kind = Evidence.REPLICATES
 
     def p(self, metric: str, threshold: float, op: str) -> float:
-        from .replicates import t_sf
+        from .stats.replicates import t_sf
 
         greater = op == ">"
         estimate, se, df = _run_level(self.entry, metric)
@@ -203,7 +203,7 @@ class Replicates(OneRun):
     def _item_level_p(self, metric: str, threshold: float, greater: bool) -> float:
         """The item-level exact test: the per-item means over run pairs, summed, as one run's counts (rounded toward
         H0), the noise floor taken as known for `excess_nfr`. Identical reruns give exactly one run's exact test."""
-        from .metrics import paired_drop_p
+        from .stats.metrics import paired_drop_p
 
         r, n = self.entry["replicates"], self.entry["n"]
         b, c = r["nfr"] * n, r["pfr"] * n
@@ -217,7 +217,7 @@ class Replicates(OneRun):
     def interval(self, metric: str, alpha: float) -> tuple[float, float] | None:
         """The t interval over runs, never narrower than the items' exact one; None for `acc_drop` and metrics with
         no run-level test."""
-        from .replicates import t_quantile
+        from .stats.replicates import t_quantile
 
         if not tested(metric, REPLICATES) or metric == "acc_drop":
             return None
@@ -232,7 +232,7 @@ class Replicates(OneRun):
 
     def mde(self, metric: str, alpha: float, power: float = 0.8) -> float | None:
         """From the run-level standard error (None where no spread was seen)."""
-        from .replicates import min_detectable_effect
+        from .stats.replicates import min_detectable_effect
 
         if not tested(metric, REPLICATES):
             return None
@@ -252,12 +252,12 @@ class Anytime(OneRun):
     kind = Evidence.ANYTIME
 
     def p(self, metric: str, threshold: float, op: str) -> float:
-        from .anytime import anytime_p
+        from .stats.anytime import anytime_p
 
         return anytime_p(self.entry, metric, threshold, op)
 
     def interval(self, metric: str, alpha: float) -> tuple[float, float] | None:
-        from .anytime import anytime_bounds
+        from .stats.anytime import anytime_bounds
 
         return anytime_bounds(self.entry, metric, alpha)
 
@@ -280,7 +280,7 @@ class GroupSequential(OneRun):
     kind = Evidence.GROUP
 
     def p(self, metric: str, threshold: float, op: str) -> float:
-        from .group_sequential import full_entry, group_looks
+        from .stats.group_sequential import full_entry, group_looks
 
         s = self.entry["sequential"]
         looks = group_looks(self.entry)

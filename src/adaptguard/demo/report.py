@@ -33,7 +33,7 @@ def _tradeoff(report: dict) -> list[str]:
         f"questions, {settings['general_probes']} general probes).",
         "",
         "General NFR/PFR: negative/positive flip rate of the general probes against the base model "
-        "(MUSCLE §3; `adaptguard.compat.metrics.flip_metrics`): the share of probes the base answered right "
+        "(MUSCLE §3; `adaptguard.compat.stats.metrics.flip_metrics`): the share of probes the base answered right "
         "and the fine-tuned model gets wrong, and the reverse.",
         "",
         "| method | learning rate | domain | general | general NFR | general PFR | "

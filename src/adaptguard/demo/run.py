@@ -101,7 +101,7 @@ def _tradeoff(methods: list[str], lrs: list[float], epochs: float, seeds: list[i
               test_rows: list[dict], probes: list[dict], base_flags: list, out: Path) -> tuple[list[dict], dict | None]:
     """The trade-off sweep (Lin et al. Fig. 1-2): every method x learning rate, over `seeds`, scored against the base
     model's probe flags. Returns (runs, the TALR token analysis) and copies the analysis to OUT/token_analysis/."""
-    from ..compat.metrics import flip_metrics
+    from ..compat.stats.metrics import flip_metrics
     from ..models.embedded import embedded_model_path, exact_match_score
     from ..utils.sweeps import spread
 

@@ -13,7 +13,7 @@ from . import hookspecs
 # adaptguard's own hook implementations, one module per method, registered by name as pytest registers its
 # default plugins: the manager sits below the methods (their trainers resolve names through it) and never
 # imports them statically.
-BUILTIN_PLUGINS = ("adaptguard.talr.plugin", "adaptguard.muscle.plugin", "adaptguard.compat.plugin",
+BUILTIN_PLUGINS = ("adaptguard.talr.plugin", "adaptguard.muscle.plugin", "adaptguard.compat.harness.plugin",
                    "adaptguard.selection.plugin")
 
 

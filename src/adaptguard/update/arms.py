@@ -78,8 +78,8 @@ def run_update(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     import transformers
 
     from ..compat.comparison import Comparison, TaskComparison
-    from ..compat.metrics import delta_metrics, flip_indicators, flip_metrics, paired_rate_difference
-    from ..compat.report import plot_quadrants
+    from ..compat.render.report import plot_quadrants
+    from ..compat.stats.metrics import delta_metrics, flip_indicators, flip_metrics, paired_rate_difference
     from ..utils.progress import say
     from .pick import Pick
 
@@ -204,8 +204,8 @@ def run_update_seeds(make_config: Callable[[int], UpdateConfig], seeds: Sequence
 def _lm_eval_flips(cfg: UpdateConfig, models: dict, new_model) -> dict:
     """Per lm-eval task: scores of v1, v2 and v2 + compatibility adapter, and their flips against v1."""
 
-    from ..compat.callback import evaluate_with_lm_eval, task_runs_from_output
     from ..compat.compare import compare_task
+    from ..compat.harness.callback import evaluate_with_lm_eval, task_runs_from_output
 
     def runs(model, tok):
         out = evaluate_with_lm_eval(model, tok, cfg.lm_eval_tasks, limit=cfg.lm_eval_limit,

@@ -408,7 +408,7 @@ class Pick:
     # -- stages ---------------------------------------------------------------------------------------------------
     def dev_stage(self) -> dict:
         """Every setting on dev, and the pick, written to `dev_choices.json` (no test item read)."""
-        from ..compat.metrics import flip_metrics
+        from ..compat.stats.metrics import flip_metrics
 
         self.prepare()
         seeds = self.dev_seeds()
@@ -444,8 +444,8 @@ class Pick:
         """The pick and the best control over the test seeds, against v1, at run level: Δ NFR and Δ accuracy with
         intervals over seeds and items (`replicates.paired_runs_difference`), per-seed McNemar, and the noise floor —
         how many of the control's answers flip right → wrong between two of its own seeds."""
-        from ..compat.metrics import flip_indicators, flip_metrics, paired_seeds_difference
-        from ..compat.replicates import paired_runs_difference, replicate_flips
+        from ..compat.stats.metrics import flip_indicators, flip_metrics, paired_seeds_difference
+        from ..compat.stats.replicates import paired_runs_difference, replicate_flips
 
         chosen, control = self.settings[choices["chosen"]], self.settings[choices["best_control"]]
         seeds = self.cfg.test_seeds or [self.cfg.seed]

@@ -129,7 +129,7 @@ def markdown(report: dict) -> str:
 def update_page(report: dict, test_flips: list[dict], dev_png: bytes | None) -> str:
     """`report.html`: the verdict first (its sentence, coloured by its status), the dev trade-off (every setting, the
     figure), the pick against the control on test, and the items the shipped adapter flipped against v1 on test."""
-    from ..compat.html import figure, flips_section, page, table
+    from ..compat.render.html import figure, flips_section, page, table
 
     ch, test = report["dev"], report["test"]
     dev_rows = [[r["label"], _f(r["acc"]), _f(r["nfr"]), _f(r["pfr"]), _f(r["btc"]),

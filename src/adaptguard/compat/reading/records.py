@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .metric_table import METRICS
+from ..metric_table import METRICS
 from .runs import TaskRun
 
 RECORD = "sequential.json"
@@ -66,7 +66,7 @@ def group_plan(old_right: dict[int, bool], metrics: list[str], seed: int, task: 
     """A task's group-sequential plan: the documents of the strata the metrics need, each stratum in its seeded
     random order (`task_order`), two strata merged proportionally; the pool's sizes; the documents left out and
     why. `old_right`: {doc id: whether the old model got it right}."""
-    from .group_sequential import proportional_order
+    from ..stats.group_sequential import proportional_order
 
     docs = {"R": [d for d, r in old_right.items() if r], "W": [d for d, r in old_right.items() if not r]}
     need = needed_strata(metrics)
@@ -96,7 +96,7 @@ def group_view(seq: dict) -> dict:
     without both strata, no NFR without the old-right items, no PFR without the old-wrong ones."""
     if seq.get("design") != "group":
         return {}
-    from .group_sequential import group_estimate
+    from ..stats.group_sequential import group_estimate
 
     entry = {"sequential": seq}
     big_n, m_r = seq["items"], seq["strata"]["R"]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from .metric_table import Unit, names
-from .runs import TaskRun, read_run, samples_from_records
+from ..metric_table import Unit, names
+from ..reading.formats import read_runs
+from ..reading.runs import TaskRun, samples_from_records
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ def evaluate_with_lm_eval(model, tokenizer, tasks: list[str], *, limit=None, num
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
-    from ..plugins import lm_eval_task_dirs
+    from ...plugins import lm_eval_task_dirs
 
     was_training = model.training
     model.eval()
@@ -94,7 +95,7 @@ class LMEvalCallback(TrainerCallback):
         self.reference = None if reference is None else Path(reference)
         self._reference_runs: dict[str, TaskRun] | None = None
         if self.reference is not None:
-            self._reference_runs = read_run(self.reference)  # fail now, not after an epoch of training
+            self._reference_runs = read_runs(self.reference)[0]  # fail now, not after an epoch of training
         self.when, self.limit, self.num_fewshot, self.batch_size = when, limit, num_fewshot, batch_size
         self.gen_kwargs, self.similarity = gen_kwargs, similarity
         self.include_path = [] if include_path is None else [include_path] if isinstance(include_path, (str, Path)) \
@@ -106,7 +107,7 @@ class LMEvalCallback(TrainerCallback):
 
     def evaluate(self, model, tokenizer) -> dict[str, float]:
         """Run the tasks now; returns the flat `lm_eval/<task>/<metric>` dict that gets logged."""
-        from .compare import compare_task
+        from ..compare import compare_task
 
         out = evaluate_with_lm_eval(model, tokenizer, self.tasks, limit=self.limit, num_fewshot=self.num_fewshot,
                                     batch_size=self.batch_size, gen_kwargs=self.gen_kwargs, metadata=self.metadata,

@@ -26,9 +26,9 @@ from pathlib import Path
 import yaml
 from lm_eval.api.task import ConfigurableTask
 
-from .harness import doc_hash, flip_results, smooth_results
-from .metric_table import METRICS
-from .runs import RunError, find_sample_files, prediction, read_task_run
+from ..metric_table import METRICS
+from ..reading.runs import RunError, find_sample_files, prediction, read_task_run
+from .tasks import doc_hash, flip_results, smooth_results
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class CompatTask(ConfigurableTask):
         if self.OUTPUT_TYPE == "loglikelihood":
             extra.pop("inconsistency_flips")  # one continuation: no prediction to disagree on
         if self.similarity is not None:
-            from ..plugins import get_similarity
+            from ...plugins import get_similarity
 
             self._score = get_similarity(self.similarity)  # an unknown name fails here, before the model runs
             extra.update(SMOOTH_METRICS)
@@ -158,7 +158,7 @@ class _Dumper(yaml.SafeDumper):
 
 
 _Dumper.add_representer(_Function, _function_tag)
-CLASS = _Function("adaptguard.compat.variants.CompatTask")
+CLASS = _Function("adaptguard.compat.harness.variants.CompatTask")
 
 
 def _raw(path: Path) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..plugins.hookspecs import hookimpl
+from ...plugins.hookspecs import hookimpl
 from .similarities import SIMILARITIES
 
 
@@ -17,6 +17,6 @@ def adaptguard_similarities() -> dict:
 
 @hookimpl
 def adaptguard_lm_eval_task_dirs() -> list:
-    from .. import lm_eval_tasks  # the YAML folder, installed as a data package
+    from ... import lm_eval_tasks  # the YAML folder, installed as a data package
 
     return [Path(lm_eval_tasks.__file__).parent]

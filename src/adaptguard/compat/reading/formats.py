@@ -20,7 +20,7 @@ import json
 import math
 from pathlib import Path
 
-from .runs import SAMPLES_RE, RunError, Sample, TaskRun, example_run_path, read_run
+from .runs import SAMPLES_RE, RunError, Sample, TaskRun, example_run_path, read_lm_eval_run
 
 FORMATS = ("lm-eval", "inspect", "lighteval", "jsonl")
 
@@ -89,7 +89,7 @@ def read_runs(path: str | Path, notes: list[str] | None = None, scorer: str | No
         raise RunError(f"--scorer {scorer}: {path} is a {kind} run; --scorer names an Inspect log's scorer "
                        "(use --metric for the others)")
     if kind == "lm-eval":
-        return [read_run(path, notes)]
+        return [read_lm_eval_run(path, notes)]
     p = Path(path)
     files = [p] if p.is_file() else sorted(
         f for pattern in {"inspect": ("*.eval", "*.json"), "lighteval": ("details_*.parquet",),

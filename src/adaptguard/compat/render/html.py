@@ -13,7 +13,7 @@ import base64
 import difflib
 import html
 
-from .verdicts import NOTHING_GATED, OUTCOMES
+from ..verdicts import NOTHING_GATED, OUTCOMES
 
 CAP_PER_TASK = 300  # flipped items shown per task (the rest are counted, and in --flips-out)
 

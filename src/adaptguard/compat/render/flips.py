@@ -7,44 +7,10 @@ documents, from the samples files' lines that `Sample.where` names.
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
-
-import msgspec
 import numpy as np
 
-from .comparison import TaskComparison
-from .runs import RunError, Sample
-
-
-def _read_lines(wheres: set[str]) -> dict[str, dict]:
-    """{"file:line": record} for the given places, one pass over each file."""
-    by_file: dict[str, set[int]] = defaultdict(set)
-    for where in wheres:
-        path, _, line = where.rpartition(":")
-        if line.isdigit():  # samples read from a file (in-memory results have no lines to go back to)
-            by_file[path].add(int(line))
-    out = {}
-    for path, lines in by_file.items():
-        with open(path, "rb") as f:
-            for line_no, line in enumerate(f, 1):
-                if line_no in lines:
-                    try:
-                        out[f"{path}:{line_no}"] = msgspec.json.decode(line)
-                    except ValueError:  # Python's json NaN tokens; or text that is not UTF-8 in the fields that
-                        try:            # `compare` skipped when it read the line
-                            out[f"{path}:{line_no}"] = json.loads(line)
-                        except ValueError as err:
-                            raise RunError(f"{path}:{line_no}: not valid JSON ({err})") from err
-    return out
-
-
-def _choices(record: dict) -> list[str] | None:
-    """The continuations of a multiple-choice request (None for generation)."""
-    args = [a for _, a in sorted(record.get("arguments", {}).items(), key=lambda kv: int(kv[0].rsplit("_", 1)[1]))]
-    if len(args) > 1 and all(isinstance(a.get("arg_1"), str) for a in args):
-        return [a["arg_1"] for a in args]
-    return None
+from ..comparison import TaskComparison
+from ..reading.runs import RunError, Sample, choices_of, read_lines
 
 
 def _answer(sample: Sample, choices: list[str] | None):
@@ -73,7 +39,7 @@ def _document(o: Sample, n: Sample, kind: str, records: dict) -> dict:
     rec = records.get(o.where)
     if rec is None:
         raise RunError(f"doc_id {o.doc_id}: the sample's line ({o.where or 'in memory'}) cannot be read back")
-    choices = _choices(rec)
+    choices = choices_of(rec)
     return {"doc_id": o.doc_id, "kind": kind, "prompt": rec.get("arguments", {}).get("gen_args_0", {}).get("arg_0"),
             "gold": _gold(o.target, choices), "old": _answer(o, choices),
             "new": _answer(n, choices)}  # the same document in both runs: the same choices
@@ -101,7 +67,7 @@ def flipped_documents(entry: TaskComparison, *, negative_only: bool = False, lim
         kinds = ["negative" if d < 0 else "positive" if d > 0 else None for d in delta]
         order = sorted(range(len(kinds)), key=lambda i: float(delta[i]))
     picked = [i for i in order if kinds[i] == "negative" or (kinds[i] == "positive" and not negative_only)][:limit]
-    records = _read_lines({old_samples[i].where for i in picked if old_samples[i].where})
+    records = read_lines({old_samples[i].where for i in picked if old_samples[i].where})
     out = []
     for i in picked:
         item = _document(old_samples[i], new_samples[i], kinds[i], records)
@@ -129,7 +95,7 @@ def _replicated_documents(entry: TaskComparison, negative_only: bool, limit: int
         return int(np.flatnonzero(olds[:, i] == want_old)[0]), int(np.flatnonzero(news[:, i] != want_old)[0])
 
     shown = {(i, kind): runs_showing(i, kind) for i, kind in picked}
-    records = _read_lines({samples_o[a][i].where for (i, _), (a, _) in shown.items() if samples_o[a][i].where})
+    records = read_lines({samples_o[a][i].where for (i, _), (a, _) in shown.items() if samples_o[a][i].where})
     out = []
     for i, kind in picked:
         a, b = shown[i, kind]
@@ -140,16 +106,3 @@ def _replicated_documents(entry: TaskComparison, negative_only: bool, limit: int
                     rerun_flip_rate=items["rerun_flip_rate"][i])
         out.append(item)
     return out
-
-
-def same_choices(samples: list, look: int = 50) -> bool:
-    """Whether the task offers every item the same choices (a fixed label set, e.g. True / False), read back from the
-    first `look` samples' lines: only then is the gold index a label whose majority share is a chance rate. Samples
-    held in memory (no lines to read) count as varying."""
-    wheres = [s.where for s in samples[:look]]
-    if not all(w and w.rpartition(":")[2].isdigit() for w in wheres):
-        return False
-    records = _read_lines(set(wheres))
-    lists = [_choices(records[w]) for w in wheres]
-    # records without their continuations (a trimmed log) say nothing of a fixed label set: 1/#choices is the rate
-    return all(c is not None for c in lists) and len({tuple(c) for c in lists}) == 1

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import (
+from ..reading.runs import RunError, find_sample_files, prediction, read_task_run
+from ..stats.metrics import (
     btc_aggregation,
     flip_indicators,
     mean_negative_abs,
     mean_positive,
     similarity_deltas,
 )
-from .runs import RunError, find_sample_files, prediction, read_task_run
 
 # task -> {doc_hash: {"answer": the reference run's answer (`runs.answer`)}}
 _REFERENCES: dict[str, dict[str, dict]] = {}
@@ -157,7 +157,7 @@ def exact_match_results(task: str, doc: dict, results, target: str, *, regexes_t
 def similarity_results(task: str, doc: dict, results, references: list[str], similarity: str = "rouge1") -> dict:
     """The similarity score, plus smooth flips `D = S(new) − S(old)` against the reference run (per sample:
     `smooth_pfr`/`smooth_nfr` are the indicators D > 0 / D < 0; `m_g`/`m_r` carry D to their aggregations)."""
-    from ..plugins import get_similarity
+    from ...plugins import get_similarity
 
     score = get_similarity(similarity)
     s_new = float(score([_text(results)], [references])[0])

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils.figures import new_figure, save_figure
-from ..utils.files import atomic_write_text
-from .comparison import Comparison, json_ready
+from ...utils.figures import new_figure, save_figure
+from ...utils.files import atomic_write_text
+from ..comparison import Comparison, json_ready
+from ..metric_table import METRICS
+from ..verdicts import NOTHING_GATED, Decision, Gate, ThresholdDecision
 from .flips import shorten
-from .metric_table import METRICS
-from .verdicts import NOTHING_GATED, Decision, Gate, ThresholdDecision
 
 
 def to_json(report: Comparison | Mapping) -> str:
@@ -86,7 +86,7 @@ def _verdict(e: Mapping, name: str, report: Comparison) -> str:
 
 
 def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]]:
-    from .evidence import interval
+    from ..evidence import interval
 
     report = Comparison.of(report)
     alpha = report.alpha
@@ -139,7 +139,7 @@ def task_sentence(name: str, e: Mapping, gate: Gate | Mapping | None = None, alp
                   include_churn: bool = False) -> str:
     """What happened on one task, in one sentence a user can act on: the counts, then the decisions on it — the
     gate's where there is a gate (nothing else claims a verdict then), else the regression flag."""
-    from .gate import decision_line
+    from ..gate import decision_line
 
     out = _task_facts(name, e)
     decided = task_decisions(gate, name)
@@ -294,7 +294,7 @@ def to_markdown(report: Comparison | Mapping) -> str:
     lines += ["", *(f"- {x}" for x in _explained(report))]
     gate = report.gate
     if gate is not None:
-        from .gate import describe
+        from ..gate import describe
 
         first, *rest = describe(gate).splitlines()
         lines += ["", "**G" + first[1:] + "**", *(f"- {x.strip()}" for x in rest)]
@@ -392,7 +392,7 @@ def write_outputs(report: Comparison | Mapping, json_path=None, markdown_path=No
 
 def _gate_section(gate: Gate) -> list[str]:
     """The gate's decisions as lists: breaches, then undecided thresholds, then what was left out."""
-    from .gate import decision_line
+    from ..gate import decision_line
     from .html import escaped
 
     out = []
@@ -439,7 +439,7 @@ def compare_page(report: Comparison | Mapping, flips: list[dict], figure_png: by
     gate = report.gate
     sections = [f"<p>{_names(report.old)} → {_names(report.new)}</p>".replace("`", "")]
     if gate is not None:
-        from .gate import headline
+        from ..gate import headline
 
         verdict = headline(gate)
         status = gate.outcome.word

@@ -22,10 +22,10 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..utils.files import atomic_write_text
-from .runs import RunError
-from .sequential import RECORD, group_plan, load_record, task_order
-from .verdicts import Decision, LeftOut, ThresholdDecision
+from ...utils.files import atomic_write_text
+from ..reading.records import RECORD, group_plan, load_record, task_order
+from ..reading.runs import RunError
+from ..verdicts import Decision, LeftOut, ThresholdDecision
 
 
 def _write_samples(out: Path, task: str, stamp: str, samples: list[dict]) -> None:
@@ -35,7 +35,7 @@ def _write_samples(out: Path, task: str, stamp: str, samples: list[dict]) -> Non
     atomic_write_text(out / f"samples_{task}_{stamp}.jsonl", text)
 
 
-def _read_samples(out: Path, task: str, stamp: str) -> list[dict]:
+def _samples_written(out: Path, task: str, stamp: str) -> list[dict]:
     path = out / f"samples_{task}_{stamp}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
@@ -89,8 +89,8 @@ DESIGNS = ("group", "anytime")
 def check_thresholds(thresholds: list, design: str = "group") -> None:
     """Refuse a threshold without a sequential test of the design, and an unknown design (before any model is
     loaded)."""
-    from .gate import ACROSS
-    from .metric_table import ANYTIME, names
+    from ..gate import ACROSS
+    from ..metric_table import ANYTIME, names
 
     if design not in DESIGNS:
         raise RunError(f"--design {design!r}: give one of {', '.join(DESIGNS)}")
@@ -165,7 +165,7 @@ def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds
     the caller holds it already).
     Returns the gate (`gate.check_gate`) of the final state. Raises `RunError`/`GateError` for bad input before
     anything is evaluated or written, and while another run holds the folder."""
-    from .formats import read_runs
+    from ..reading.formats import read_runs
 
     out = Path(out)
     base = read_runs(baseline)[0]
@@ -195,7 +195,7 @@ def _plan(run, settings: dict, thresholds: list, task: str) -> dict:
     seed = settings["seed"]
     if settings.get("design", "anytime") == "anytime":
         return {"order": task_order([d for _, d in run.samples], seed, task)}
-    from .compare import choose_metric
+    from ..compare import choose_metric
 
     filt = run.filters[0]
     metric = choose_metric(run, filt, None)
@@ -208,8 +208,8 @@ def _until_decided(baseline: str | Path, out: Path, lm, thresholds: list, base: 
     """`evaluate_until_decided`'s run, the inputs checked and the folder's lock held."""
     from lm_eval import simple_evaluate
 
-    from .compare import compare_runs
-    from .gate import check_gate
+    from ..compare import compare_runs
+    from ..gate import check_gate
 
     names, alpha, chunk, seed = settings["tasks"], settings["alpha"], settings["chunk"], settings["seed"]
     record = _check_folder(out, settings)  # again: a run that held the folder may have left a record meanwhile
@@ -226,7 +226,7 @@ def _until_decided(baseline: str | Path, out: Path, lm, thresholds: list, base: 
     if results_file.exists():  # resume: a chunk's config is written before its samples, the record after them
         record["configs"] = {**json.loads(results_file.read_text()).get("configs", {}), **record["configs"]}
     for task, t in record["tasks"].items():  # resume: the samples written are the truth (written before the record)
-        done = len(_read_samples(out, task, stamp))
+        done = len(_samples_written(out, task, stamp))
         if done != t["done"]:
             t["done"] = done
             t["looks"] = [n for n in t["looks"] if n < done] + [done]
@@ -264,7 +264,7 @@ def _until_decided(baseline: str | Path, out: Path, lm, thresholds: list, base: 
             atomic_write_text(results_file, json.dumps(
                 {"configs": record["configs"], "n-shot": {k: v.get("num_fewshot", 0) for k, v in record["configs"]
                                                          .items()}}, default=str, indent=1) + "\n")
-            _write_samples(out, task, stamp, _read_samples(out, task, stamp) + list(results["samples"][task]))
+            _write_samples(out, task, stamp, _samples_written(out, task, stamp) + list(results["samples"][task]))
             t["done"] += len(batch)
             t["looks"].append(t["done"])
             atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")  # after its samples: resumable

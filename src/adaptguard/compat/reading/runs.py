@@ -8,6 +8,7 @@ import gc
 import json
 import math
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ def example_run_path(path: str | Path) -> str | Path:
     if name.partition("@")[0] not in EXAMPLE_RUNS:
         raise RunError(f"{text}: no such example run; the shipped ones are "
                        f"{', '.join('example:' + n for n in EXAMPLE_RUNS)}")
-    return str(Path(__file__).with_name("example_runs") / name)
+    return str(Path(__file__).parents[1] / "example_runs" / name)  # compat/example_runs
 
 
 def find_sample_files(path: str | Path, notes: list[str] | None = None) -> dict[str, Path]:
@@ -290,6 +291,49 @@ def _finite(value) -> bool:
         return False
 
 
-def read_run(path: str | Path, notes: list[str] | None = None) -> dict[str, TaskRun]:
+def read_lm_eval_run(path: str | Path, notes: list[str] | None = None) -> dict[str, TaskRun]:
     """All tasks of one lm-eval run: {task: TaskRun} (`find_sample_files` for which files, and `notes`)."""
     return {task: read_task_run(task, f) for task, f in find_sample_files(path, notes).items()}
+
+
+def read_lines(wheres: set[str]) -> dict[str, dict]:
+    """{"file:line": record} for the given places, one pass over each file."""
+    by_file: dict[str, set[int]] = defaultdict(set)
+    for where in wheres:
+        path, _, line = where.rpartition(":")
+        if line.isdigit():  # samples read from a file (in-memory results have no lines to go back to)
+            by_file[path].add(int(line))
+    out = {}
+    for path, lines in by_file.items():
+        with open(path, "rb") as f:
+            for line_no, line in enumerate(f, 1):
+                if line_no in lines:
+                    try:
+                        out[f"{path}:{line_no}"] = msgspec.json.decode(line)
+                    except ValueError:  # Python's json NaN tokens; or text that is not UTF-8 in the fields that
+                        try:            # `compare` skipped when it read the line
+                            out[f"{path}:{line_no}"] = json.loads(line)
+                        except ValueError as err:
+                            raise RunError(f"{path}:{line_no}: not valid JSON ({err})") from err
+    return out
+
+
+def choices_of(record: dict) -> list[str] | None:
+    """The continuations of a multiple-choice request (None for generation)."""
+    args = [a for _, a in sorted(record.get("arguments", {}).items(), key=lambda kv: int(kv[0].rsplit("_", 1)[1]))]
+    if len(args) > 1 and all(isinstance(a.get("arg_1"), str) for a in args):
+        return [a["arg_1"] for a in args]
+    return None
+
+
+def same_choices(samples: list, look: int = 50) -> bool:
+    """Whether the task offers every item the same choices (a fixed label set, e.g. True / False), read back from the
+    first `look` samples' lines: only then is the gold index a label whose majority share is a chance rate. Samples
+    held in memory (no lines to read) count as varying."""
+    wheres = [s.where for s in samples[:look]]
+    if not all(w and w.rpartition(":")[2].isdigit() for w in wheres):
+        return False
+    records = read_lines(set(wheres))
+    lists = [choices_of(records[w]) for w in wheres]
+    # records without their continuations (a trimmed log) say nothing of a fixed label set: 1/#choices is the rate
+    return all(c is not None for c in lists) and len({tuple(c) for c in lists}) == 1
