@@ -68,7 +68,7 @@ def _compare(ns: argparse.Namespace) -> int:
     if ns.fail_on:
         from ..compat.gate import describe, exit_status
 
-        print(describe(report.gate), file=sys.stdout if report.gate["passed"] and not to_stdout else sys.stderr)
+        print(describe(report.gate), file=sys.stdout if report.gate.passed and not to_stdout else sys.stderr)
         return exit_status(report.gate)
     return 0
 

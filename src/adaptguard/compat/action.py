@@ -134,7 +134,7 @@ def report_text(result: dict, undecided_fails: bool) -> str:
     if result["decision"] == "error":
         return f"### Compatibility gate: error (exit {result['exit_status']}, nothing decided): see the step's log\n"
     text = Path(result["markdown"]).read_text()
-    if result["decision"] == "undecided":
+    if result["decision"] == Decision.UNDECIDED:
         text += ("\nAn undecided gate fails this check (`undecided-fails: true`): add items or runs, or choose "
                  "thresholds the data can resolve (each undecided line says how far they reach).\n" if undecided_fails
                  else "\nAn undecided gate does not fail this check (`undecided-fails: false`): not known is not a "
@@ -252,7 +252,7 @@ def main(env: Mapping[str, str] | None = None, http: Http | None = None) -> int:
                "html": result["html"] or "", "comment": url or ""}
     append(env.get("GITHUB_OUTPUT"), "".join(f"{k}={' '.join(str(outputs[k]).splitlines())}\n" for k in OUTPUTS))
     decision = result["decision"]
-    if decision == "undecided" and not undecided_fails:
+    if decision == Decision.UNDECIDED and not undecided_fails:
         print("::warning::the gate is undecided (no breach; the data cannot show every threshold either way); "
               "it does not fail this check (undecided-fails: false)")
         return 0
