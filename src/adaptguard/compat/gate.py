@@ -5,7 +5,7 @@ An expression is `[TASKGLOB:]METRIC>VALUE` or `[TASKGLOB:]METRIC<VALUE`, e.g. `n
 `btc<0.95`, `mmlu_*:acc_drop>1%`, `overall:acc_drop>0.5%`. Rates are fractions (0.02) or percentages (2%, the unit
 the table prints); a rate threshold outside [0, 1] without `%` is refused, as `nfr>2` most likely meant 2 %.
 
-With a significance level α, each (task, threshold) is decided by the metric's one-sided test (`decide`):
+With a significance level α, each (task, threshold) is decided by the metric's one-sided test (`evidence`, `decide`):
 - **breach**: the test of "metric ≤ VALUE" (for `>`) rejects at α — the data support the regression;
 - **clear**: the opposite test ("metric ≥ VALUE") rejects at α — the data show the metric within the threshold;
 - **undecided**: neither: the observed value is beyond the threshold without support, or within it without the

@@ -3,14 +3,14 @@
 Each task's documents are visited a chunk at a time (`simple_evaluate(..., samples={task: [doc indices]})`, the
 model loaded once). With the default design (`group`) only the documents that can change a threshold are visited:
 those the old model got right for `nfr`/`btc`, those it got wrong for `pfr`, both strata in proportion for
-`acc_drop`/`new_acc` (`sequential.group_plan`; the others are listed in the record as not evaluated, with why), each
+`acc_drop`/`new_acc` (`records.group_plan`; the others are listed in the record as not evaluated, with why), each
 stratum in a seeded random order, and after each chunk every (task, threshold) is decided by the group-sequential
 tests over the known pool (`group_sequential`: α spent over the looks; the last look is `compare`'s fixed-n test on
 all items). With `design="anytime"` every document is visited in a seeded random order and decided by the
 anytime-valid tests of `anytime` (e-processes: valid however often one looks, N not used). A task stops when each of its
 thresholds is decided (one left out so far, as a churn task's flips are, is not: more items may show the old model
 above chance), the run when every task has stopped or run out of documents. The output folder is an ordinary lm-eval
-`--log_samples` run (the samples evaluated so far) plus the record (`sequential.RECORD`) of the order and the looks:
+`--log_samples` run (the samples evaluated so far) plus the record (`records.RECORD`) of the order and the looks:
 `compare BASELINE OUT` reads it and takes the same decisions, and a rerun resumes where a kill left it (the record
 is written before the first samples and again after each chunk's samples, each file atomically: the samples written
 are the truth when it resumes). A run holds the folder's lock (`LOCK`) throughout: one run on a folder at a time."""
@@ -191,7 +191,7 @@ def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds
 
 
 def _plan(run, settings: dict, thresholds: list, task: str) -> dict:
-    """A task's order (and, for the group design, its pool and the documents left out: `sequential.group_plan`)."""
+    """A task's order (and, for the group design, its pool and the documents left out: `records.group_plan`)."""
     seed = settings["seed"]
     if settings.get("design", "anytime") == "anytime":
         return {"order": task_order([d for _, d in run.samples], seed, task)}
