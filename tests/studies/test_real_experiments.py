@@ -10,8 +10,8 @@ import zipfile
 
 import pytest
 import torch
+from bigbench_tasks import QA, TOY
 from conftest import ROOT
-from test_bigbench import QA, TOY
 
 MEDMCQA = {"input": [{"role": "system", "content": "You are a doctor.\nOnly write the answer down."},
                      {"role": "user", "content": "Subject: Anatomy\n\nWhich bone?\n\na) Femur\nb) Tibia\nc) Ulna\n"

@@ -5,16 +5,14 @@ tables against the committed replay."""
 import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from scipy.integrate import quad
 from scipy.stats import beta
 
 from adaptguard.compat.stats.anytime import anytime_bounds, anytime_e_values, drop_e_process, rate_e_value
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("k, n, rate, greater", [(3, 50, 0.02, True), (0, 300, 0.02, False), (20, 100, 0.1, True),

@@ -6,8 +6,8 @@ logits computed here independently, training moves only the student, and the tea
 import pytest
 import torch
 from datasets import Dataset
-from test_compat_trainer import compat_args, reference_loss
-from test_talr_trainer import ROWS
+from test_compat_trainer import reference_loss
+from trainer_rows import ROWS, compat_args
 
 MODES = ["new_adapter", "peft_model", "lora", "prompt_tuning", "prefix_tuning", "full"]
 

@@ -8,14 +8,13 @@ import json
 import re
 from collections import Counter
 from math import ceil
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from in_process import run_lm_eval_cli
 
 from adaptguard.tasks import compose
 
-ROOT = Path(__file__).resolve().parents[1]
 TASK_DIR = ROOT / "lm_eval_tasks" / "compose_logic"
 WORDLISTS = ROOT / "src" / "adaptguard" / "tasks" / "wordlists"
 

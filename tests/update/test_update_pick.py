@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from in_process import run_cli
 
 CANDIDATES = [{"recipe": "control", "learning_rate": [2e-3], "epochs": [1, 2]},
@@ -175,7 +176,7 @@ def test_dev_seeds_average_each_setting_over_seeds(tmp_path, task_adapters):
         assert (row["acc"], row["nfr"], row["seeds"]) == (pytest.approx(acc), pytest.approx(nfr), 2)
     assert "Seed noise was not measured (one test seed)" in report["verdict"]
     # report.html: the verdict first, and the rows of the flipped items are the shipped adapter's flips against v1
-    from test_html_page import Rows
+    from page_rows import Rows
 
     page = (tmp_path / "out" / "report.html").read_text()
     assert page.index(report["verdict"].split(":")[0]) < page.index('id="flips"')
@@ -368,7 +369,7 @@ def test_default_candidates_follow_e5(tmp_path):
     from adaptguard.update.candidates import expand_candidates
     from studies.recipes_vs_control import ARMS
 
-    report = json.loads((Path(__file__).parents[1] / "studies/results/e5_report.json").read_text())["E3"]
+    report = json.loads((ROOT / "studies/results/e5_report.json").read_text())["E3"]
     for name, update in report["updates"].items():  # the family is complete: every registered seed is in
         for arm, r in update["arms"].items():
             registered = 8 if name != "generative" or arm in ("control", "focal") else 3

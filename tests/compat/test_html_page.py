@@ -4,11 +4,11 @@ direction filters and the search change them as they should, sorting works, and 
 
 import json
 import shutil
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from in_process import run_cli
+from page_rows import Rows
 
 TS = "2026-11-27T00-00-00.000000"
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -62,34 +62,6 @@ def known_flips(tmp_path_factory):
     expected = {("alpha", i, "broke") for i in range(5)} | {("alpha", i, "fixed") for i in (5, 6, 7)} | \
         {("gamma", 1, "broke"), ("gamma", 3, "fixed")}
     return root, expected
-
-
-class Rows(HTMLParser):
-    """(task, doc, direction) of each row of the flips table, and every src/href, read from the HTML alone."""
-
-    def __init__(self):
-        super().__init__()
-        self.rows, self.links, self._cells, self._in = [], [], None, False
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        self.links += [a[k] for k in ("src", "href") if k in a]
-        if tag == "tr" and "data-kind" in a:
-            self._cells = []
-        if tag == "td" and self._cells is not None:
-            self._in = True
-            self._cells.append("")
-
-    def handle_data(self, data):
-        if self._in:
-            self._cells[-1] += data
-
-    def handle_endtag(self, tag):
-        if tag == "td":
-            self._in = False
-        if tag == "tr" and self._cells is not None:
-            self.rows.append((self._cells[0], int(self._cells[1]), self._cells[2]))
-            self._cells = None
 
 
 def test_the_page_is_self_contained_and_reads_without_its_script(known_flips, tmp_path):

@@ -4,6 +4,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from in_process import run_cli
 
 from adaptguard.compat.stats.metrics import (
@@ -396,13 +397,11 @@ def test_paired_seeds_difference_resamples_an_items_seeds_together():
 
 
 def test_lm_eval_skips_its_own_index_only_when_every_task_is_in_the_given_folders():
-    from pathlib import Path
-
     from lm_eval.tasks import TaskManager
 
     from adaptguard.compat.harness.callback import _defined_in
 
-    index = TaskManager(include_path=[str(Path(__file__).parents[1] / "lm_eval_tasks")], include_defaults=False).task_index
+    index = TaskManager(include_path=[str(ROOT / "lm_eval_tasks")], include_defaults=False).task_index
     assert _defined_in(index, ["compat_gsm8k"]) and _defined_in(index, ["compose_logic"])  # a task; a group
     assert not _defined_in(index, ["compat_gsm8k", "hellaswag"])  # one of lm-eval's own: index everything
     group = index["compose_logic"]

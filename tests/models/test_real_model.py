@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import built_smollm2_or_skip
+from conftest import ROOT, built_smollm2_or_skip
 
 pytestmark = pytest.mark.real
 
@@ -234,7 +234,7 @@ def test_e5_finds_every_updates_recorded_reference(smollm2_path, tmp_path, monke
     from studies.recipes_vs_control import E3Config
 
     monkeypatch.setenv(ENV, str(stand_in_bigbench(tmp_path / "bigbench")))
-    monkeypatch.chdir(Path(__file__).parents[1])  # the records' paths are the repository's
+    monkeypatch.chdir(ROOT)  # the records' paths are the repository's
     out = tmp_path / "e5"
     e5.seed_records(out, [e5.E3_RECORDS])
     runs = e5.E5Runs(E3Config(out=str(out)), None, say=lambda _: None)

@@ -1,20 +1,12 @@
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import ROOT, launch_two_processes, make_adapter
 from datasets import Dataset
 from in_process import run_cli, run_script
-from test_talr_trainer import ROWS, assert_updates_agree
-
-
-def compat_args(out, new_adapter, **kw):
-    from adaptguard import MUSCLEConfig
-
-    base = dict(output_dir=str(out), bf16=False, gradient_checkpointing=False, use_cpu=True, report_to="none",
-                save_strategy="no", logging_steps=1, per_device_train_batch_size=8, disable_tqdm=True, seed=0,
-                new_adapter=None if new_adapter is None else str(new_adapter))
-    base.update(kw)
-    return MUSCLEConfig(**base)
+from trainer_rows import ROWS, assert_updates_agree, compat_args
 
 
 def make_trainer(embedded_path, update, out, **kw):
@@ -158,7 +150,7 @@ def test_gradient_accumulation_gives_the_big_batch_update(embedded_path, update,
 
 DDP_SCRIPT = """
 import sys, torch
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {here!r}]  # the helpers at tests/, and this test file
 from test_compat_trainer import make_trainer
 from pathlib import Path
 from safetensors.torch import save_file
@@ -178,7 +170,7 @@ def test_two_processes_give_the_big_batch_update(embedded_path, update, tmp_path
     from safetensors.torch import load_file
 
     script = tmp_path / "ddp.py"
-    script.write_text(DDP_SCRIPT.format(tests=str(ROOT / "tests")))
+    script.write_text(DDP_SCRIPT.format(tests=str(ROOT / "tests"), here=str(Path(__file__).resolve().parent)))
     out = tmp_path / "ddp"
     out.mkdir()
     launch_two_processes(script, embedded_path, update, out)

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 
 import jiwer
 import pytest
+from conftest import ROOT
 from in_process import run_lm_eval_cli
 
 from adaptguard.tasks import translation as T
 from adaptguard.tasks.translation import NP, Clause
 
-TASK_DIR = Path(__file__).resolve().parents[1] / "lm_eval_tasks" / "compose_translation"
+TASK_DIR = ROOT / "lm_eval_tasks" / "compose_translation"
 N = 40  # queries per setting in the property tests
 
 # ---- an independent reader of the generated English ------------------------------------------------

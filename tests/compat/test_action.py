@@ -6,15 +6,14 @@ one line; one pull-request comment is posted, then updated; action.yml passes ev
 import json
 import os
 import urllib.error
-from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from adaptguard.compat import action
 
-ROOT = Path(__file__).resolve().parents[1]
 BREACH = ("- breach: bb_general_knowledge: nfr = 28.99% > 10.00% (p = 8.87e-06, exact one-sided binomial on the item "
           "counts; 90 % interval 20.11% to 39.27%)  [nfr>10%]")
 UNDECIDED = ("- undecided: bb_general_knowledge: nfr = 28.99% ≤ 30.00% but not shown below it (p = 0.486 ≥ α, exact "

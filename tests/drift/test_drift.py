@@ -3,10 +3,10 @@ Table C2 prompt styles, atomic dataset writing and the drift_bsc_* lm-eval tasks
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from datasets import Dataset, load_from_disk
 from in_process import run_lm_eval_cli
 
@@ -14,7 +14,7 @@ from adaptguard import drift
 from adaptguard.drift import data as drift_data
 from adaptguard.utils.files import write_dataset
 
-TASKS = Path(__file__).resolve().parents[1] / "lm_eval_tasks" / "drift_bsc"
+TASKS = ROOT / "lm_eval_tasks" / "drift_bsc"
 
 
 # --- similarity (Def. 4, A6, A7) ------------------------------------------------------------

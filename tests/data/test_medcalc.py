@@ -2,13 +2,13 @@
 final-answer rule, disjoint seeded splits, and the lm-eval task."""
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 pytest.importorskip("medcalc")
 
-TASK_DIR = Path(__file__).parents[1] / "lm_eval_tasks" / "medcalc"
+TASK_DIR = ROOT / "lm_eval_tasks" / "medcalc"
 
 
 def test_answers_match_the_formulas_computed_independently():

@@ -9,14 +9,14 @@ the CPU. The launched script therefore marks its gloo process group as a GPU one
 test is skipped where `deepspeed` is not installed (it is not a dependency; see docs/talr.md)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import ROOT, cpu_args, launch_two_processes
 from datasets import Dataset
 from in_process import run_cli
-from test_compat_trainer import compat_args
-from test_talr_trainer import ROWS
+from trainer_rows import ROWS, compat_args
 
 FSDP_CONFIG = ROOT / "examples" / "accelerate_configs" / "fsdp.yaml"
 
@@ -30,7 +30,7 @@ from datasets import Dataset
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 from transformers import AutoTokenizer
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {here!r}]  # the helpers at tests/, and this test file
 from test_sharded import ROWS, build_talr, build_muscle
 
 def on_cpu(args):
@@ -131,7 +131,7 @@ def build_muscle(path, update, out, options, batch_size, prepare_args=lambda arg
 
 def launch(tmp_path, script, *argv, config=FSDP_CONFIG):
     file = tmp_path / "launched.py"
-    file.write_text(script.format(tests=str(ROOT / "tests")))
+    file.write_text(script.format(tests=str(ROOT / "tests"), here=str(Path(__file__).resolve().parent)))
     launch_two_processes(file, *argv, config=config)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from in_process import run_lm_eval_cli
 from scipy.stats import binom
 
@@ -490,7 +491,7 @@ def test_the_built_wheel_compares_the_shipped_pair(tmp_path):
     import sys
     import sysconfig
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path / "dist"), str(root)], check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("adaptguard-*.whl")

@@ -164,8 +164,8 @@ def test_the_exact_cache_gives_the_online_loss_and_is_refused_for_another_head_o
 
     from datasets import Dataset
     from safetensors import safe_open
-    from test_compat_trainer import compat_args, make_trainer
-    from test_talr_trainer import ROWS
+    from test_compat_trainer import make_trainer
+    from trainer_rows import ROWS, compat_args
     from transformers import AutoTokenizer
 
     from adaptguard import MUSCLETrainer

@@ -8,19 +8,9 @@ import pytest
 import torch
 from conftest import ROOT, cpu_args, launch_two_processes
 from datasets import Dataset
+from trainer_rows import ROWS, assert_updates_agree
 
 from adaptguard import TALRConfig, TALRTrainer
-
-ROWS = [
-    {"prompt": "the opposite of hot is", "completion": " cold ."},
-    {"prompt": "question : opposite of big ? answer :", "completion": " small ."},
-    {"prompt": "count : 4 5 6", "completion": " 7 8 9 ."},
-    {"prompt": "question : opposite of up ? answer :", "completion": " down ."},
-    {"prompt": "count : 11 12", "completion": " 13 14 15 16 ."},
-    {"prompt": "the opposite of wet is", "completion": " dry ."},
-    {"prompt": "question : opposite of fast ? answer :", "completion": " slow ."},
-    {"prompt": "count : 30 31 32", "completion": " 33 34 ."},
-]
 
 
 def first_batch(trainer):
@@ -86,17 +76,6 @@ def assert_same_update(a, b, init):
     assert_updates_agree(a, b, init)
 
 
-def assert_updates_agree(a, b, init):
-    """The two runs' updates of every tensor agree to 1e-3 relative, up to the rounding of the stored weights: each
-    run rounds w + δ to float32, and another summation order (ISA, threads, processes) can round it to the
-    neighbouring float, 1 ulp(w) ≤ eps·|w| away in either run."""
-    for n in a:
-        delta_a, delta_b = a[n] - init[n], b[n] - init[n]
-        room = 1e-3 * delta_b.abs() + 2 * torch.finfo(torch.float32).eps * init[n].abs() + 1e-12
-        worst = ((delta_a - delta_b).abs() / room).max().item()
-        assert worst <= 1, f"{n}: the updates differ by {worst:.2f}x the tolerance"
-
-
 def test_gradient_accumulation_gives_the_big_batch_update(embedded_path, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -117,7 +96,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, {tests!r})
 from conftest import cpu_args
-from test_talr_trainer import ROWS
+from trainer_rows import ROWS
 from adaptguard import TALRTrainer
 path, out = sys.argv[1], sys.argv[2]
 tok = AutoTokenizer.from_pretrained(path)

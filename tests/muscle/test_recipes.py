@@ -10,7 +10,7 @@ from datasets import Dataset
 def v1_rows(update, embedded_path) -> list[dict]:
     """Pretokenized rows of which v1 gets exactly the first four right: their completions are v1's own greedy
     continuation (so every completion token is v1's argmax); the other four change its first token."""
-    from test_talr_trainer import ROWS
+    from trainer_rows import ROWS
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(embedded_path)
@@ -28,7 +28,7 @@ def v1_rows(update, embedded_path) -> list[dict]:
 
 
 def recipe_trainer(embedded_path, update, out, **kw):
-    from test_compat_trainer import compat_args
+    from trainer_rows import compat_args
     from transformers import AutoTokenizer
 
     from adaptguard import MUSCLETrainer

@@ -5,10 +5,10 @@ every threshold's opposite test rejects, each decision agreeing with the interva
 import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import binom, binomtest, multinomial
@@ -17,7 +17,6 @@ from adaptguard.compat.gate import Threshold, check_gate, exit_status
 from adaptguard.compat.stats.metrics import flip_metrics, paired_drop_p, tango_z
 from adaptguard.compat.stats.replicates import replicate_flips
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZES = json.loads((ROOT / "studies/results/gate_sizes.json").read_text())
 
 
