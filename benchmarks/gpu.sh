@@ -34,7 +34,7 @@ else
 fi
 status=0
 # the GPU path (compiled tiles, tile sizes from free memory) against the reference loss on the card (skips on a CPU)
-python3 -m pytest -q -p no:cacheprovider tests/test_muscle_tiled.py -k cuda 2>&1 | tee "$out/tests_cuda.txt" || status=1
+python3 -m pytest -q -p no:cacheprovider tests/muscle/test_muscle_tiled.py -k cuda 2>&1 | tee "$out/tests_cuda.txt" || status=1
 # MUSCLE first (the goal), then TALR: a run cut off at its limit loses the least
 for dtype in fp32 bf16; do
     flag=$([ "$dtype" = bf16 ] && echo --bf16 || true)
