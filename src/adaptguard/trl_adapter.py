@@ -1,7 +1,7 @@
 """The one place where adaptguard's trainers touch TRL/transformers internals (private names and attributes
 that are not part of their documented API), each with a comment saying what it is. TRL is pinned
-`trl>=1.16,<1.17` in pyproject.toml; a TRL upgrade is checked by tests/test_talr_trainer.py and
-tests/test_compat_trainer.py.
+`trl>=1.16,<1.17` in pyproject.toml; a TRL upgrade is checked by tests/talr/test_talr_trainer.py and
+tests/muscle/test_compat_trainer.py.
 
 `SFTBookkeeping` is the bookkeeping `SFTTrainer.compute_loss` does around its loss, for trainers that compute
 their own loss: normalising a summed token loss for gradient accumulation and DDP, logging metrics and

@@ -38,7 +38,7 @@ from typing import Any
 
 from .verdicts import OUTCOMES, Decision, Gate
 
-# the inputs this module reads (action.yml passes each to it; tests/test_action.py holds the two lists equal)
+# the inputs this module reads (action.yml passes each to it; tests/compat/test_action.py holds the two lists equal)
 INPUTS = ("old", "new", "fail-on", "significance", "undecided-fails", "markdown", "html", "comment", "comment-key",
           "pr-number", "github-token", "args")
 OUTPUTS = ("decision", "exit-status", "breaches", "undecided", "clear", "left-out", "headline", "markdown", "html",

@@ -161,7 +161,7 @@ def cache_root() -> Path:
 def recipe_hash(spec: EmbeddedSpec) -> str:
     """What decides a base's weights besides the machine and the library versions: the spec, the code of the
     generators and of the training, the constants they read and the build environment. The manifest records it
-    for each shipped base, so a recipe edited without shipping new weights is caught (tests/test_embedded_and_cli.py).
+    for each shipped base, so a recipe edited without shipping new weights is caught (tests/cli/test_embedded_and_cli.py).
     """
     import inspect
 

@@ -11,7 +11,7 @@ from ..models.embedded import check_model_name
 
 # The recipes that E5 (studies/results.md §10; studies/results/e5_report.json) found to help on some update by its
 # registered rule: Δ NFR against the control below 0 at run level after the family's correction, Δ accuracy above
-# −2 points. `tests/test_update_pick.py` derives this from the committed report.
+# −2 points. `tests/update/test_update_pick.py` derives this from the committed report.
 E5_HELPS: tuple[str, ...] = ()
 
 
