@@ -234,3 +234,39 @@ def test_the_4bit_note_says_what_to_do_for_the_reason_bitsandbytes_gave(reason, 
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("note: bitsandbytes' fused 4-bit CPU kernel"), lines
     assert lines[0].endswith(advice) and (advice.startswith("`pip") or "pip install kernels" not in lines[0])
+
+
+def test_the_demos_section_workers_hide_the_kernel_lines(tmp_path):
+    """`adaptguard demo` runs its sections in spawned workers. A spawned worker imports its initializer's module before
+    running it; when that module was `demo.run` (which imports PEFT), each worker logged the kernel lines before its
+    filters were in place: one line per worker atop the demo on an AVX512-BF16 CPU. Workers spawned as the demo
+    spawns them now log none; workers importing PEFT with no initializer do (the test can fail)."""
+    _kernels_installed()
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(AVX512BF16)  # every spawned worker looks like an AVX512-BF16 CPU too
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        if __name__ == "__main__":
+            from adaptguard.utils.quiet import hide_unused_library_noise
+
+            hide_unused_library_noise()  # as the CLI does before any command
+            if sys.argv[1] == "demo":
+                from adaptguard.demo.run import run_sections
+
+                print(run_sections({"probe": (exec, "import peft")}, 2)[0])
+            else:  # spawned workers that import PEFT with no initializer
+                import multiprocessing
+                from concurrent.futures import ProcessPoolExecutor
+
+                with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+                    print(pool.submit(exec, "import peft").result())
+    """))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+           "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])}
+    ours, theirs = (subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=300,
+                                   cwd=tmp_path, env=env) for how in ("demo", "bare"))
+    assert theirs.returncode == 0 and PREFIX in theirs.stderr, theirs.stderr[-2000:]  # logged in a bare worker
+    assert ours.returncode == 0 and ours.stdout.strip() == "{'probe': None}", ours.stderr[-2000:]
+    assert "kernels-community" not in ours.stderr and "Skipping publisher trust check" not in ours.stderr, ours.stderr

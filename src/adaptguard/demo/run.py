@@ -188,21 +188,6 @@ def _drift(out: Path, repetitions: int | None = None, **overrides) -> dict:
     return drift
 
 
-def _worker_start(channel) -> None:
-    """A section worker: its bars and lines go to the parent, and the libraries are as quiet as in the parent."""
-    import datasets
-    import transformers
-
-    from ..utils.progress import relay_to
-    from ..utils.quiet import hide_unused_library_noise
-
-    relay_to(channel)
-    hide_unused_library_noise()
-    datasets.disable_progress_bars()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-
 def _timed_section(section, *args) -> tuple[object, float]:
     """(`section(*args)`, its seconds), on one thread: the embedded models are too small to gain from two, so each
     section takes one core."""
@@ -226,10 +211,11 @@ def run_sections(sections: dict[str, tuple], workers: int) -> tuple[dict[str, ob
     from concurrent.futures import ProcessPoolExecutor
 
     from ..utils.progress import draw_relayed
+    from .worker import start
 
     ctx = multiprocessing.get_context("spawn")
     channel = ctx.Queue()
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_start, initargs=(channel,)) as pool:
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=start, initargs=(channel,)) as pool:
         futures = {name: pool.submit(_timed_section, *section) for name, section in sections.items()}
         draw_relayed(channel, len(futures), lambda: not all(f.done() for f in futures.values()))
         done = {name: future.result() for name, future in futures.items()}
