@@ -65,6 +65,7 @@ def add(sub) -> None:
     cache = add_command(
         sub,
         "cache-logits",
+        extra="train",
         epilog=CACHE_LOGITS_EXAMPLE,
         help="Read the old model once into a cache MUSCLETrainer trains from (top-k, or exact teacher vectors).",
     )

@@ -50,9 +50,12 @@ def gate_threshold(text: str):
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def add_command(sub, name: str, help: str, **kwargs) -> argparse.ArgumentParser:
-    """A subcommand whose own page (`adaptguard NAME --help`) opens with the one line the command list shows."""
-    return sub.add_parser(name, help=help, description=help, **kwargs)
+def add_command(sub, name: str, help: str, extra: str | None = None, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose own page (`adaptguard NAME --help`) opens with the one line the command list shows.
+    `extra`: the extra of pyproject.toml it needs beyond the core (`train`, `eval`), checked before it runs."""
+    parser = sub.add_parser(name, help=help, description=help, **kwargs)
+    parser.set_defaults(extra=extra)
+    return parser
 
 
 def default_model(name: str | None) -> str:

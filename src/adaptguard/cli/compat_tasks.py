@@ -28,7 +28,7 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def add(sub) -> None:
-    parser = add_command(sub, "compat-tasks", help=HELP, epilog=EXAMPLE)
+    parser = add_command(sub, "compat-tasks", extra="eval", help=HELP, epilog=EXAMPLE)
     parser.add_argument("names", nargs="+", help="task, group or tag names (e.g. mmlu arc_easy)")
     parser.add_argument("--out", required=True, help="directory to write the YAMLs into")
     parser.add_argument("--include-path", action="append",

@@ -24,7 +24,8 @@ def _demo(ns: argparse.Namespace) -> int:
 
 
 def add(sub) -> None:
-    demo = add_command(sub, "demo", epilog=DEMO_EXAMPLE, help="Run the end-to-end demo on the embedded default model (offline).")
+    demo = add_command(sub, "demo", extra="train", epilog=DEMO_EXAMPLE,
+                       help="Run the end-to-end demo on the embedded default model (offline).")
     demo.add_argument("--out", default="demo-out", help="Output directory (default: demo-out).")
     demo.add_argument("--quick", action="store_true", help="SFT vs TALR at two learning rates only (CI smoke).")
     demo.add_argument(

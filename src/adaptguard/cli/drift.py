@@ -161,6 +161,7 @@ def add(sub) -> None:
     exp = add_command(
         dsub,
         "experiment",
+        extra="train",
         epilog=EXPERIMENT_EXAMPLE,
         help="The synthetic experiment: train small GPT-2s on a base bit string plus data of similarity r, "
         "next-bit loss on the base string for r in {0, 1/8, ..., 7/8}.",
@@ -173,6 +174,7 @@ def add(sub) -> None:
     cor = add_command(
         dsub,
         "corrupt",
+        extra="train",
         epilog=CORRUPT_EXAMPLE,
         help="Make a dataset of similarity r to the original: a share 1 - r of each row's tokens replaced by random "
         "strings from the data.",
@@ -195,6 +197,7 @@ def add(sub) -> None:
     sty = add_command(
         dsub,
         "styles",
+        extra="train",
         epilog=STYLES_EXAMPLE,
         help="Reformat a question/answer dataset in one of Ni et al.'s prompt styles (--style list prints them).",
     )
@@ -208,6 +211,7 @@ def add(sub) -> None:
     risk = add_command(
         dsub,
         "risk",
+        extra="train",
         epilog=RISK_EXAMPLE,
         help="Similarity of a fine-tuning dataset to each dataset to keep; flags the "
         "intermediate band where Ni et al. predicts the most drift.",

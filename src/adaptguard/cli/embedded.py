@@ -47,7 +47,7 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def add(sub) -> None:
-    parser = add_command(sub, "embedded", help=HELP, epilog=EXAMPLE)
+    parser = add_command(sub, "embedded", extra="train", help=HELP, epilog=EXAMPLE)
     parser.add_argument("name", nargs="?", default="tiny", help="tiny (default) or tiny-v2")
     parser.add_argument("--fingerprint", action="store_true",
                         help="also print the SHA-256 of the weights and the one recorded for the shipped build")

@@ -77,6 +77,7 @@ def add(sub) -> None:
     ev = add_command(
         sub,
         "evaluate",
+        extra="eval",
         epilog=EVALUATE_EXAMPLE,
         help="Evaluate a new model through lm-eval against a baseline run, only until every --fail-on threshold is "
         "decided (anytime-valid tests: stop early on a clear breach or a clear pass).",

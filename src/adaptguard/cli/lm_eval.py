@@ -82,6 +82,6 @@ def _run(ns: argparse.Namespace) -> int:
 
 def add(sub) -> None:
     # never parsed here: `main` hands everything after `lm-eval` to lm-eval (its --help included); this entry lists it
-    parser = add_command(sub, "lm-eval", help=HELP, epilog=EXAMPLE, add_help=False)
+    parser = add_command(sub, "lm-eval", extra="eval", help=HELP, epilog=EXAMPLE, add_help=False)
     parser.add_argument("args", nargs=argparse.REMAINDER, help="lm-eval's own arguments (see adaptguard lm-eval --help)")
     parser.set_defaults(func=_run)

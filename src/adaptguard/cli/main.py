@@ -34,15 +34,22 @@ def main(argv: list[str] | None = None) -> int:
     hide_unused_library_noise()  # e.g. bitsandbytes' kernel download note, said only when a 4-bit model is loaded
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["lm-eval"]:  # pass everything, --help included, to lm-eval itself
-        return _guarded("lm-eval", lambda: lm_eval.run_lm_eval(argv[1:]))
+        return _guarded("lm-eval", lambda: lm_eval.run_lm_eval(argv[1:]), "eval")
     ns = build_parser().parse_args(argv)
-    return _guarded(ns.command, lambda: ns.func(ns))
+    return _guarded(ns.command, lambda: ns.func(ns), ns.extra)
 
 
-def _guarded(command: str, fn) -> int:
+def _guarded(command: str, fn, extra: str | None = None) -> int:
+    """Run a command: bad input, a file-system error or a missing extra is one line on stderr and exit 2."""
+    from ..extras import missing_extra, require
+
     try:
+        if extra:
+            require(extra, f"adaptguard {command}")
         return fn()
     except (ValueError, OSError, ImportError) as err:  # bad input, file-system errors, a missing extra
+        if isinstance(err, ModuleNotFoundError):
+            err = missing_extra(err, f"adaptguard {command}", extra) or err
         detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename and err.strerror else str(err)
         print(f"adaptguard {command}: error: {detail}", file=sys.stderr)
         return 2

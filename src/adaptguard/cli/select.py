@@ -41,6 +41,7 @@ def add(sub) -> None:
     sel = add_command(
         sub,
         "select",
+        extra="train",
         epilog=SELECT_EXAMPLE,
         help="Choose the tasks to mix into a multitask fine-tune for a target task; write the mixture.",
     )

@@ -101,6 +101,7 @@ def add(sub) -> None:
     upd = add_command(
         sub,
         "update",
+        extra="train",
         help="Measure what a model update breaks on your task, and retrain to get it back (control and recipes).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=UPDATE_EPILOG,

@@ -8,6 +8,7 @@ from importlib import import_module
 
 import pluggy
 
+from ..extras import missing_extra
 from . import hookspecs
 
 # adaptguard's own hook implementations, one module per method, registered by name as pytest registers its
@@ -22,7 +23,13 @@ def get_plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     for name in BUILTIN_PLUGINS:
-        pm.register(import_module(name), name=name)
+        try:
+            module = import_module(name)
+        except ModuleNotFoundError as err:
+            if missing_extra(err) is None:
+                raise
+            continue  # its extra is not installed (TALR's weightings need torch): what it names cannot run here
+        pm.register(module, name=name)
     pm.load_setuptools_entrypoints(hookspecs.PROJECT)
     return pm
 

@@ -350,10 +350,11 @@ def plot_quadrants(report: Comparison | Mapping, path: Path) -> None:
 
 def figure_png(report: Comparison | Mapping) -> bytes | None:
     """The flip-quadrant figure as PNG bytes (None without matplotlib, the [plots] extra)."""
-    import importlib.util
     import tempfile
 
-    if importlib.util.find_spec("matplotlib") is None:
+    from ...extras import installed
+
+    if not installed("matplotlib"):
         return None
     with tempfile.TemporaryDirectory() as tmp:
         plot_quadrants(report, Path(tmp) / "flips.png")
