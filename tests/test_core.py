@@ -171,7 +171,7 @@ def test_the_extras_map_agrees_with_pyproject():
     assert core == {"numpy", "scipy", "msgspec", "pluggy"}
     assert not core & {distribution.get(p, p) for p in extras.EXTRA_OF}
     assert "train" in optional and "eval" in optional
-    assert {"adaptguard[train,eval,plots,real,quant,medcalc,inspect]"} == set(optional["all"])
+    assert {"adaptguard[train,eval,plots,real,quant,medcalc,inspect,lighteval]"} == set(optional["all"])
 
 
 def test_a_missing_package_of_no_extra_is_not_dressed_up():

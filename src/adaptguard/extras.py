@@ -14,7 +14,7 @@ EXTRA_OF = {
     "datasets": "train", "tokenizers": "train", "safetensors": "train", "filelock": "train", "tqdm": "train",
     "lm_eval": "eval", "rouge_score": "eval", "sacrebleu": "eval", "jiwer": "eval", "yaml": "eval",
     "matplotlib": "plots", "gguf": "real", "bitsandbytes": "quant", "torchao": "schemes", "optimum": "schemes",
-    "cut_cross_entropy": "cce", "medcalc_bench": "medcalc", "inspect_ai": "inspect",
+    "cut_cross_entropy": "cce", "medcalc_bench": "medcalc", "inspect_ai": "inspect", "pyarrow": "lighteval",
     "ray": "distributed", "submitit": "distributed",
 }
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_command, finite_float, positive_int, torch_dtype
+from .common import add_command, finite_float, positive_int
+from .models import torch_dtype
 
 CACHE_LOGITS_EXAMPLE = (
     "example: "

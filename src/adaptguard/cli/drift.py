@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_command, add_embedding_options, default_model, finite_float, positive_int
+from .common import add_command, finite_float, positive_int
+from .models import add_embedding_options, default_model
 
 DRIFT_EXAMPLE = "example: " + "adaptguard drift risk --finetune new_data.jsonl --keep old_task.jsonl"
 BOUND_EXAMPLE = "example: " + "adaptguard drift bound --out bound.png"

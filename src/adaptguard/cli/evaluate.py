@@ -6,27 +6,10 @@ import argparse
 from pathlib import Path
 
 from .common import DEFAULT_ALPHA, add_command, gate_threshold, positive_int, significance
+from .models import resolve_model_names
 
 EVALUATE_EXAMPLE = ("example: adaptguard evaluate runs/old --model hf --model-args pretrained=my-org/model-v2 "
                     "--fail-on 'nfr>2%' --output-path runs/new")
-
-
-def load_lm(model: str, model_args: str, batch_size: int, device: str | None):
-    """The lm-eval model, loaded once; a model that fails to load is one line of bad input."""
-    from lm_eval.api.registry import get_model
-
-    from .common import resolve_model_names
-
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        return get_model(model).create_from_arg_string(resolve_model_names(model_args),
-                                                       {"batch_size": batch_size, "device": device})
-    except Exception as err:  # lm-eval and transformers raise many kinds: name the model and say why, in one line
-        raise ValueError(f"--model {model} --model-args {model_args!r}: could not load the model "
-                         f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
 
 
 def _evaluate(ns: argparse.Namespace) -> int:
@@ -35,7 +18,13 @@ def _evaluate(ns: argparse.Namespace) -> int:
     from ..compat.gate import describe, exit_status
     from ..compat.harness.callback import task_manager
     from ..compat.harness.tasks import gathered_include_path
-    from ..compat.harness.until_decided import check_thresholds, evaluate_until_decided, holds_other_files, output_lock
+    from ..compat.harness.until_decided import (
+        check_thresholds,
+        evaluate_until_decided,
+        holds_other_files,
+        load_lm,
+        output_lock,
+    )
     from ..compat.reading.formats import read_runs
     from ..compat.reading.records import load_record
     from ..plugins import lm_eval_task_dirs
@@ -59,7 +48,7 @@ def _evaluate(ns: argparse.Namespace) -> int:
     check_thresholds(ns.fail_on, ns.design)
     # the folder's lock before the model loads: a second run on it at once is refused at once
     with output_lock(out), tempfile.TemporaryDirectory(prefix="adaptguard-evaluate-tasks-") as tmp:
-        lm = load_lm(ns.model, ns.model_args, ns.batch_size, ns.device)
+        lm = load_lm(ns.model, resolve_model_names(ns.model_args), ns.batch_size, ns.device)
         include = gathered_include_path([*map(Path, ns.include_path or []), *lm_eval_task_dirs()], Path(tmp))
         gate = evaluate_until_decided(ns.baseline, out, lm, ns.fail_on, tasks=tasks, alpha=ns.significance,
                                       chunk=ns.chunk, seed=ns.seed, locked=True, design=ns.design,

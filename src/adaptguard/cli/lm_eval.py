@@ -4,10 +4,10 @@ variants of any task written on the fly."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from .common import add_command, resolve_model_names
+from .common import add_command
+from .models import resolve_model_names
 
 HELP = "Run lm-eval with every adaptguard and plugin task directory included."
 EXAMPLE = "example: " + "adaptguard lm-eval run --model hf --model_args pretrained=built:smollm2 --tasks compat_arc_easy"
@@ -21,9 +21,7 @@ def run_lm_eval(argv: list[str]) -> int:
     symlinks (`compat.harness.tasks.gathered_include_path`), which replaces the option; nothing of lm-eval is patched."""
     import tempfile
 
-    from lm_eval.__main__ import cli_evaluate
-
-    from ..compat.harness.tasks import gathered_include_path
+    from ..compat.harness.tasks import gathered_include_path, lm_eval_cli
     from ..plugins import lm_eval_task_dirs
 
     argv, user_dirs = [resolve_model_names(a) for a in argv], []
@@ -37,18 +35,10 @@ def run_lm_eval(argv: list[str]) -> int:
     for d in user_dirs:
         if not d.is_dir():
             raise ValueError(f"--include_path {d}: no such directory")
-    old_argv = sys.argv
     with tempfile.TemporaryDirectory(prefix="adaptguard-lm-eval-tasks-") as tmp:
         include = gathered_include_path([*user_dirs, *lm_eval_task_dirs()], Path(tmp))
         _add_compat_variants(argv, include)
-        sys.argv = ["lm_eval", *argv, "--include_path", str(include)]
-        try:
-            cli_evaluate()
-        except SystemExit as done:
-            return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        finally:
-            sys.argv = old_argv
-    return 0
+        return lm_eval_cli([*argv, "--include_path", str(include)])
 
 
 def _add_compat_variants(argv: list[str], include: Path) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_command, add_embedding_options, default_model, finite_float, positive_int
+from .common import add_command, finite_float, positive_int
+from .models import add_embedding_options, default_model
 
 SELECT_EXAMPLE = "example: " + "adaptguard select --target target.jsonl --candidates a.jsonl b.jsonl --out mixture.jsonl"
 

@@ -196,3 +196,19 @@ def gathered_include_path(dirs: list[Path], into: Path) -> Path:
             except OSError:
                 shutil.copy2(path, target)
     return into
+
+
+def lm_eval_cli(argv: list[str]) -> int:
+    """lm-eval's own command line on `argv` (as `lm_eval ARGS...`); its exit status."""
+    import sys
+
+    from lm_eval.__main__ import cli_evaluate
+
+    old_argv, sys.argv = sys.argv, ["lm_eval", *argv]
+    try:
+        cli_evaluate()
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    finally:
+        sys.argv = old_argv
+    return 0

@@ -28,6 +28,23 @@ from ..reading.runs import RunError
 from ..verdicts import Decision, LeftOut, ThresholdDecision
 
 
+def load_lm(model: str, model_args: str, batch_size: int, device: str | None):
+    """The lm-eval model (`--model`, `--model-args` as lm-eval takes them), loaded once; a model that fails to load
+    is one line of bad input."""
+    from lm_eval.api.registry import get_model
+
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return get_model(model).create_from_arg_string(model_args,
+                                                       {"batch_size": batch_size, "device": device})
+    except Exception as err:  # lm-eval and transformers raise many kinds: name the model and say why, in one line
+        raise ValueError(f"--model {model} --model-args {model_args!r}: could not load the model "
+                         f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+
+
 def _write_samples(out: Path, task: str, stamp: str, samples: list[dict]) -> None:
     from lm_eval.utils import handle_non_serializable
 

@@ -170,7 +170,12 @@ def _read_inspect(path: Path, scorer: str | None) -> list[dict[str, TaskRun]]:
 
 def _read_lighteval(path: Path) -> list[dict[str, TaskRun]]:
     """lighteval's details of one task (`details_<task>_<date>.parquet`)."""
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError as err:
+        from ...extras import missing_extra
+
+        raise (missing_extra(err, f"{path}: reading lighteval's parquet details") or err) from None
 
     try:
         rows = pq.read_table(path).to_pylist()
