@@ -262,7 +262,12 @@ def test_smollm2_asked_by_two_at_once_is_built_once(tmp_path, monkeypatch):
     (["compare", "example:fp32", "example:int8", "--significance", "maybe"],
      "adaptguard compare: error: argument --significance: expected a number, got 'maybe'"),
     (["compare", "example:fp32", "example:int8", "--fail-on", "nfr>>1"],
-     "adaptguard compare: error: argument --fail-on: --fail-on 'nfr>>1': the threshold '>1' is not a finite number"),
+     "adaptguard compare: error: argument --fail-on: 'nfr>>1': the threshold '>1' is not a finite number"),
+    (["compare", "example:fp32", "example:int8", "--fail-on", "accuracy>1%"],  # the nearest names, then all
+     "adaptguard compare: error: argument --fail-on: 'accuracy>1%': unknown metric 'accuracy'; did you mean acc_drop, "
+     "old_acc, new_acc? (all: nfr, pfr, btc,"),
+    (["compare", "example:fp32", "example:int8", "--fail-on", "NFR>1%"],
+     "adaptguard compare: error: argument --fail-on: 'NFR>1%': unknown metric 'NFR'; did you mean nfr? (all:"),
     (["evaluate"], "adaptguard evaluate: error: the following arguments are required: baseline, --model-args, --fail-on, "
                    "--output-path"),
     (["nope"], "adaptguard: error: argument command: invalid choice: 'nope'"),

@@ -98,10 +98,14 @@ def test_the_shipped_pair_through_the_action(tmp_path, capsys, rule, undecided_f
         note = "An undecided gate fails this check" if undecided_fails == "true" else "An undecided gate does not fail"
         assert summary.split("\n\n")[-1].startswith(note)
         assert ("::warning::the gate is undecided" in printed.out) is (undecided_fails == "false")
+    # the headline as an annotation, the last line of the step's output: it shows in the pull request's checks
+    level = {"breach": "error", "clear": "notice"}.get(decision, "error" if undecided_fails == "true" else "warning")
+    last = printed.out.splitlines()[-1]
+    assert last.startswith(f"::{level}::") and last.endswith(headline) and "\n" not in last
 
 
 @pytest.mark.parametrize("inputs, refusal", [
-    ({"fail-on": "nfr>10"}, "adaptguard compare: error: argument --fail-on: --fail-on 'nfr>10': nfr is a rate (the table "
+    ({"fail-on": "nfr>10"}, "adaptguard compare: error: argument --fail-on: 'nfr>10': nfr is a rate (the table "
                             "prints it in %): write 10% or 0.1 (--help for usage)"),
     ({"fail-on": "nfr>10%", "new": "{tmp}/no_such_run"}, "adaptguard compare: error: {tmp}/no_such_run: no such file or "
                                                          "directory"),
@@ -115,7 +119,8 @@ def test_bad_input_is_one_line(tmp_path, capsys, inputs, refusal):
     refusal = refusal.replace("{tmp}", str(tmp_path))
     status, outputs, summary = run_action(tmp_path, inputs)
     printed = capsys.readouterr()
-    assert status == 2 and printed.err == refusal + "\n" and printed.out == ""
+    annotation = "::error::" + refusal.replace("%", "%25")  # the protocol's escape: a bare % could start one
+    assert status == 2 and printed.err == refusal + "\n" and printed.out == annotation + "\n"
     assert outputs["decision"] == "bad-input" and outputs["exit-status"] == "2" and outputs["headline"] == refusal
     assert summary == f"### Compatibility gate: bad input (nothing decided)\n\n{refusal}\n"
 
@@ -166,11 +171,13 @@ def test_a_refused_comment_is_a_warning_and_the_decision_stands(tmp_path, capsys
                                           {"pull_request": {"number": 5}})
     printed = capsys.readouterr()
     assert status == 2 and outputs["comment"] == "" and summary.startswith("### Compatibility gate: bad input")
+    refused = "::error::adaptguard action: fail-on: give the gate's rules, one a line, e.g. nfr>2%25\n"
     assert printed.out == ("::warning::comment: GitHub refused it (403 Forbidden); a pull request from a fork gets a "
-                           "read-only token, so the report is in the job summary only. The gate's decision stands.\n")
+                           "read-only token, so the report is in the job summary only. The gate's decision stands.\n"
+                           + refused)
     run_action(tmp_path, {**SHIPPED, "comment": "true", "github-token": "t"}, refuse, {"push": {}})
     assert capsys.readouterr().out == ("::warning::comment: no pull request to comment on (the event is not a pull "
-                                       "request's; give pr-number)\n")
+                                       "request's; give pr-number)\n" + refused)
 
 
 def test_a_long_report_is_cut_at_a_line_to_githubs_limit():
@@ -197,7 +204,9 @@ def test_action_yml_passes_every_input_and_output_the_script_has():
     assert set(spec["outputs"]) == set(action.OUTPUTS)
     assert all(o["value"] == f"${{{{ steps.gate.outputs.{name} }}}}" for name, o in spec["outputs"].items())
     assert steps["gate"]["run"] == '"$ADAPTGUARD_PYTHON" -m adaptguard.compat.action'
-    assert 'pip install -q "$ACTION_PATH${EXTRAS:+[$EXTRAS]}"' in steps["install"]["run"]  # the action's own checkout
+    # the action's own checkout, its core alone, at the versions its tests passed with; no torch
+    assert '-m pip install -q -c "$ACTION_PATH/constraints.txt" "$ACTION_PATH${EXTRAS:+[$EXTRAS]}"' in steps["install"]["run"]
+    assert "torch" not in steps["install"]["run"] and "index-url" not in steps["install"]["run"]
     upload = next(s for s in spec["runs"]["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
     assert upload["if"].startswith("always()")  # the page of a failing gate is the one to look at
 
@@ -213,3 +222,68 @@ def test_the_example_workflows_use_the_action_with_its_inputs(example):
     assert gate["with"]["comment"] is True and flow["permissions"]["pull-requests"] == "write"
     if example == "compat-gate-evaluate.yml":
         assert any("adaptguard evaluate runs/old" in s.get("run", "") for s in job["steps"])
+
+
+def test_the_scripts_defaults_are_action_ymls():
+    """Run by hand (`python -m adaptguard.compat.action`), an input left out means what it means in action.yml."""
+    spec = yaml.safe_load((ROOT / "action.yml").read_text())
+    declared = {name: str(i["default"]).lower() if isinstance(i["default"], bool) else str(i["default"])
+                for name, i in spec["inputs"].items() if "default" in i and name in action.INPUTS}
+    declared.pop("github-token")  # ${{ github.token }}: only GitHub has it
+    assert action.DEFAULTS == declared
+    assert action.read_input({}, "html") == "adaptguard-gate.html" and action.read_input({"INPUT_HTML": ""}, "html") == ""
+
+
+def test_the_shipped_pair_by_hand_writes_the_actions_files(tmp_path, capsys):
+    status, outputs, _ = run_action(tmp_path, {**SHIPPED, "fail-on": "nfr>10%"})
+    assert status == 1 and outputs["markdown"] == "adaptguard-gate.md" and outputs["html"] == "adaptguard-gate.html"
+    assert (tmp_path / "workspace" / "adaptguard-gate.html").stat().st_size > 10_000
+    capsys.readouterr()
+
+
+def test_a_crash_is_an_error_not_a_decision(tmp_path, capsys, monkeypatch):
+    """compare dying with a traceback (exit 1 and no report) is the decision `error`: the step fails with an error
+    annotation, and neither the summary nor the outputs claim a breach."""
+    import sys
+
+    crash = [sys.executable, "-c", "raise RuntimeError('boom')"]
+    monkeypatch.setattr(action, "gate_command", lambda env, markdown, json_path, html: crash)
+    status, outputs, summary = run_action(tmp_path, {**SHIPPED, "fail-on": "nfr>10%"})
+    printed = capsys.readouterr()
+    assert status == 1 and outputs["decision"] == "error" and outputs["exit-status"] == "1"
+    assert outputs["breaches"] == "0" and outputs["headline"] == ""
+    assert summary == "### Compatibility gate: error (exit 1, nothing decided): see the step's log\n"
+    assert "RuntimeError: boom" in printed.err
+    assert printed.out.splitlines()[-1] == ("::error::adaptguard compare exited 1 without a decision (its traceback "
+                                            "is in the step's log); nothing decided")
+
+
+@pytest.mark.parametrize("rule, status, decision, annotation", [
+    ("nfr>10%", 1, "breach", "::error::gate: FAILED, a breach the data support (2 breach, 0 undecided, 0 clear)"),
+    ("nfr>50%", 0, "clear", "::notice::gate: passed, every threshold clear (0 breach, 0 undecided, 2 clear)"),
+    ("nfr>10", 2, "bad-input", "::error::adaptguard compare: error: argument --fail-on: 'nfr>10': nfr is a rate (the "
+                               "table prints it in %25): write 10%25 or 0.1 (--help for usage)"),
+])
+def test_action_ymls_steps_as_github_runs_them(tmp_path, rule, status, decision, annotation):
+    """action.yml itself, step by step (tests/action_steps.py: every ${{ }} substituted, $GITHUB_OUTPUT per step, the
+    job summary, a pull-request event), with install: false on this Python: the decision reaches the action's
+    outputs, the summary and one annotation; the page is uploaded whatever the decision. (`.ci/run` runs it with
+    install: true: the action's own venv from PyPI holds the core alone.)"""
+    import sys
+
+    from action_steps import run_action as run_steps
+
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    run = run_steps({**SHIPPED, "fail-on": rule, "install": "false", "python": sys.executable}, workspace, tmp_path)
+    assert run.status == status and run.outputs["decision"] == decision and run.outputs["exit-status"] == str(status)
+    assert run.annotations() == [annotation]
+    assert not any("${{" in s for s in run.substituted)
+    assert run.steps["install"]["outcome"] == "skipped" and run.steps["gate"]["outcome"] == (
+        "success" if status == 0 else "failure")
+    if decision == "bad-input":
+        assert run.summary.startswith("### Compatibility gate: bad input") and run.uploads == []
+    else:
+        assert run.summary.startswith("# Compatibility: `example:fp32` → `example:int8`")
+        assert run.uploads == [{"name": "adaptguard-gate", "path": "adaptguard-gate.html", "if-no-files-found": "ignore"}]
+        assert (workspace / "adaptguard-gate.html").stat().st_size > 10_000

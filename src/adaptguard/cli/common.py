@@ -46,8 +46,8 @@ def gate_threshold(text: str):
 
     try:
         return Threshold.parse(text)
-    except GateError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    except GateError as err:  # argparse names the flag itself: "argument --fail-on: 'nfr>>1': ..."
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--fail-on ")) from None
 
 
 def add_command(sub, name: str, help: str, extra: str | None = None, **kwargs) -> argparse.ArgumentParser:

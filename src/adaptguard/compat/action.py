@@ -9,7 +9,8 @@ Inputs come as GitHub passes an action's inputs, environment variables `INPUT_<N
 - `fail-on`: the rules, one a line (`nfr>2%`, `overall:acc_drop>1%`); `significance` (default 0.05, or `off`);
 - `undecided-fails`: `true` fails the step on an undecided gate (compare's exit 3); `false` (default) passes it
   with a warning, as "not known" is not a regression;
-- `markdown`, `html`: where `compare` writes its Markdown and its page (`html` empty: no page);
+- `markdown`, `html`: where `compare` writes its Markdown and its page (absent: `adaptguard-gate.md` and
+  `adaptguard-gate.html`, action.yml's defaults, so a run by hand does what the action does; `html` empty: no page);
 - `comment`: `true` posts the Markdown on the pull request, or updates the comment this action posted before (found
   by its hidden marker; `comment-key` keeps one comment per key, e.g. per matrix job), with `github-token`;
   `pr-number` when the event is not a pull request's;
@@ -18,8 +19,10 @@ Inputs come as GitHub passes an action's inputs, environment variables `INPUT_<N
 Outputs (`$GITHUB_OUTPUT`): `decision` (clear, breach, undecided, bad-input, error), `exit-status` (compare's: 0, 1,
 3 or 2), `breaches`, `undecided`, `clear`, `left-out` (counts of (task, threshold) pairs), `headline`, `markdown`,
 `html` (the paths written), `comment` (the comment's address). The step's own exit status: 1 on a breach, 3 on an
-undecided gate that fails, 2 on bad input (one line: compare's own, or the input's name), else 0. A comment GitHub
-refuses (a fork's read-only token) is a warning: the decision stands.
+undecided gate that fails, 2 on bad input (one line: compare's own, or the input's name), else 0. Each decision is
+also an annotation with the headline, so it shows in the pull request's checks: `::error::` on a breach, bad input,
+a crash or an undecided gate that fails; `::warning::` on one that does not; `::notice::` on a clear gate. A comment
+GitHub refuses (a fork's read-only token) is a warning: the decision stands.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ INPUTS = ("old", "new", "fail-on", "significance", "undecided-fails", "markdown"
           "pr-number", "github-token", "args")
 OUTPUTS = ("decision", "exit-status", "breaches", "undecided", "clear", "left-out", "headline", "markdown", "html",
            "comment")
+# the inputs' defaults where a variable is absent, as action.yml declares them (tests/compat/test_action.py holds the
+# two equal), so `python -m adaptguard.compat.action` run by hand does what the action does
+DEFAULTS = {"significance": "0.05", "undecided-fails": "false", "markdown": "adaptguard-gate.md",
+            "html": "adaptguard-gate.html", "comment": "false", "comment-key": "", "pr-number": "", "args": ""}
 MARKER = "<!-- adaptguard-compat-gate{key} -->"
 COMMENT_LIMIT = 65536  # GitHub's limit on a comment's body, in characters
 # compare's options that are the action's own inputs: given in `args` they would write where the action does not read
@@ -55,10 +62,13 @@ class InputError(ValueError):
 
 
 def read_input(env: Mapping[str, str], name: str, default: str = "") -> str:
-    """An input as GitHub passes it (`INPUT_FAIL-ON`), or as a composite action's env can name it (`INPUT_FAIL_ON`)."""
+    """An input as GitHub passes it (`INPUT_FAIL-ON`), or as a composite action's env can name it (`INPUT_FAIL_ON`);
+    absent, action.yml's default (`DEFAULTS`); given empty, `default`."""
     assert name in INPUTS, name  # an input read here but not passed by action.yml would always be empty there
     key = "INPUT_" + name.upper().replace(" ", "_")
-    value = env.get(key, env.get(key.replace("-", "_"), ""))
+    value = env.get(key, env.get(key.replace("-", "_")))
+    if value is None:
+        value = DEFAULTS.get(name, "")
     return value.strip() or default
 
 
@@ -218,6 +228,13 @@ def comment(env: Mapping[str, str], text: str, http: Http | None) -> str | None:
         return None
 
 
+def annotate(level: str, message: str) -> None:
+    """A workflow command GitHub shows as an annotation on the run and in the pull request's checks (`error`,
+    `warning`, `notice`), the message on one line as the protocol escapes it."""
+    escaped = message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    print(f"::{level}::{escaped}", flush=True)
+
+
 def append(path: str | None, text: str) -> None:
     """Append to a file GitHub reads after the step ($GITHUB_STEP_SUMMARY, $GITHUB_OUTPUT): its protocol is to
     append, as other steps and actions write to the same file."""
@@ -253,12 +270,15 @@ def main(env: Mapping[str, str] | None = None, http: Http | None = None) -> int:
     append(env.get("GITHUB_OUTPUT"), "".join(f"{k}={' '.join(str(outputs[k]).splitlines())}\n" for k in OUTPUTS))
     decision = result["decision"]
     if decision == Decision.UNDECIDED and not undecided_fails:
-        print("::warning::the gate is undecided (no breach; the data cannot show every threshold either way); "
-              "it does not fail this check (undecided-fails: false)")
+        annotate("warning", "the gate is undecided (no breach; the data cannot show every threshold either way); "
+                 f"it does not fail this check (undecided-fails: false): {outputs['headline']}")
         return 0
-    if decision == "bad-input":
-        return 2
-    return result["exit_status"] or (1 if decision == "error" else 0)
+    if decision == "error":
+        annotate("error", f"adaptguard compare exited {result['exit_status']} without a decision (its traceback is "
+                 "in the step's log); nothing decided")
+        return result["exit_status"] or 1
+    annotate("notice" if decision == Decision.CLEAR else "error", outputs["headline"])  # breach, undecided, bad input
+    return 2 if decision == "bad-input" else result["exit_status"]
 
 
 def _headline(gate: dict) -> str:

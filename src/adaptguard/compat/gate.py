@@ -25,6 +25,7 @@ unless a test decides it.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import math
 import re
@@ -70,7 +71,11 @@ class Threshold:
                             f"e.g. 'nfr>0.02' or 'mmlu_*:btc<0.95'")
         metric = m["metric"]
         if metric not in METRICS:
-            raise GateError(f"--fail-on {expr!r}: unknown metric {metric!r}; known: {', '.join(names())}")
+            near = [metric.lower()] if metric.lower() in METRICS else difflib.get_close_matches(metric.lower(), names(),
+                                                                                               n=3, cutoff=0.4)
+            raise GateError(f"--fail-on {expr!r}: unknown metric {metric!r}; "
+                            + (f"did you mean {', '.join(near)}? (all: {', '.join(names())})" if near
+                               else f"known: {', '.join(names())}"))
         text = m["value"]
         percent = text.endswith("%")
         try:  # the decimal as written, exactly: `0.7%` is 7/1000, where 0.7 / 100 in floats is below it
