@@ -166,3 +166,58 @@ def test_tango_z_orders_tables_monotonically_in_the_broken_count():
                 b = np.arange(m + 1)
                 assert np.all(np.diff(tango_z(b, m - b, n, margin)) >= -1e-12), (n, margin, m)
     assert math.isclose(float(tango_z(7, 2, 50, 0.0)), 5 / 3)  # McNemar's (b − c)/√(b + c) at margin 0
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.05, 0.1, 0.2])
+def test_one_run_rate_test_holds_alpha_where_a_single_flip_rejects(alpha):
+    """Issue 94.5: N items, M ≤ 20 of them able to flip (the old-right ones, for nfr), each at rate N·θ/M under H0's
+    boundary — a sum of M Bernoullis, not Binomial(N, θ). The exact size of "breach" (the gate's own test deciding)
+    is P(Binom(M, Nθ/M) ≥ c), c the smallest count the gate calls a breach, enumerated over N, M and θ on a grid
+    around α/N where c = 1; the worst configuration for one flip (the whole rate on one item, M = 1) has size Nθ.
+    The binomial test on N items alone reached 5.13 % at α 5 %; the clear side is checked the same way."""
+    from adaptguard.compat.stats.metrics import binomial_p
+
+    worst_breach = worst_clear = 0.0
+    for n in (1, 2, 3, 5, 10, 20, 50, 200):
+        for theta in np.concatenate([np.linspace(0.2, 1.2, 41) * alpha / n, np.linspace(0.02, 0.98, 25) / n]):
+            theta = float(theta)
+            # the code under test decides: the first count it calls a breach, the last it calls clear (both tails)
+            cut = next((k for k in range(n + 1) if binomial_p(k, n, theta, True) < alpha), None)
+            last_clear = -1
+            while last_clear < n and binomial_p(last_clear + 1, n, theta, False) < alpha:
+                last_clear += 1
+            for m in range(1, min(n, 20) + 1):
+                q = n * theta / m
+                if q > 1:
+                    continue
+                if cut is not None:  # independent: scipy's binomial tail, written out
+                    worst_breach = max(worst_breach, float(binom.sf(cut - 1, m, q)))
+                if last_clear >= 0:  # H0 "rate ≥ θ": the count among the m items is at most last_clear
+                    worst_clear = max(worst_clear, float(binom.cdf(last_clear, m, q)))
+    assert worst_breach <= alpha and worst_clear <= alpha
+    assert worst_breach > 0.9 * alpha  # the grid reaches the corner: near α/N the size is close to α
+    # just below α/N one flip is a breach; just above it it is not, where the binomial test on N items said breach
+    n = 20
+    assert binomial_p(1, n, 0.99 * alpha / n, True) < alpha
+    between = (1 + 0.2 * alpha) * alpha / n  # 1 − (1 − θ)^N < α < Nθ
+    assert binomial_p(1, n, between, True) >= alpha
+    assert float(binomtest(1, n, between, alternative="greater").pvalue) < alpha  # what the plain binomial test said
+    # evaluate's group design takes its last look's cut from the same test: its fixed-n part keeps α too
+    from adaptguard.compat.stats.group_sequential import final_cut
+
+    for theta in (0.99 * alpha / n, between):
+        for pool in range(1, n + 1):
+            cut = final_cut(0, n, theta, alpha, pool)
+            assert cut is None or float(binom.sf(cut - 1, pool, n * theta / pool)) <= alpha
+
+
+def test_the_gate_and_its_interval_agree_at_one_flip():
+    """At one flip in N items the one-sided lower bound the report prints is α/N, the test's own inversion: a
+    threshold just below it is a breach, just above it is not (the Clopper–Pearson bound 1 − (1 − α)^(1/N) sits
+    above α/N, so a threshold between the two was once a breach the test could not support)."""
+    from adaptguard.compat.evidence import rate_bounds
+
+    for n in (1, 7, 69, 400):
+        lo, _ = rate_bounds(1, n, 0.05)
+        assert lo == pytest.approx(0.05 / n, rel=1e-12)
+        assert lo < 1 - 0.95 ** (1 / n) or n == 1

@@ -117,11 +117,12 @@ def counts(entry: Mapping, metric: str) -> tuple[float, int]:
 
 def rate_bounds(k: float, n: int, alpha: float) -> tuple[float, float]:
     """The one-sided Clopper–Pearson bounds at 1 − α each (the exact binomial test inverted): "rate > θ" is
-    supported at α exactly when the lower bound exceeds θ, "rate < θ" when the upper bound is below it."""
+    supported at α exactly when the lower bound exceeds θ, "rate < θ" when the upper bound is below it. At one
+    success the test is `binomial_p`'s (the whole rate on one item), so the lower bound is α/n."""
     from scipy.stats import beta
 
     lo_k, hi_k = math.floor(k + _EPS), math.ceil(k - _EPS)
-    lo = 0.0 if lo_k <= 0 else float(beta.ppf(alpha, lo_k, n - lo_k + 1))
+    lo = 0.0 if lo_k <= 0 else alpha / n if lo_k == 1 else float(beta.ppf(alpha, lo_k, n - lo_k + 1))
     hi = 1.0 if hi_k >= n else float(beta.isf(alpha, hi_k + 1, n - hi_k))
     return lo, hi
 

@@ -62,7 +62,15 @@ _EPS = 1e-9  # per-item means over run pairs summed: counts to within rounding
 
 def binomial_p(k: float, n: int, rate: float, greater: bool) -> float:
     """Exact one-sided binomial p of H0 "rate ≤ `rate`" (`greater`) or "≥" on k successes of n, any `rate`: beyond
-    [0, 1] H0 holds or fails for sure; a count that is not whole is rounded toward H0 (a per-item mean over runs)."""
+    [0, 1] H0 holds or fails for sure; a count that is not whole is rounded toward H0 (a per-item mean over runs).
+
+    The items need not share one rate: the count is a sum of n independent Bernoullis whose mean is n·rate under H0's
+    boundary (only the old-right items can flip right → wrong, each at its own rate). Hoeffding (1956) bounds every
+    such sum's upper tail by the binomial's from k ≥ n·rate + 1; below that the binomial p is ≥ 1/4 except at k = 1,
+    n·rate < 1 (a single success rejects), where the largest P(sum ≥ 1) puts the whole rate on one item: n·rate,
+    above the binomial's 1 − (1 − rate)^n, so that is the p there (size ≤ α, tests/compat/test_gate_sizes.py). The
+    lower tail needs no such care: P(sum ≤ k) is largest at equal rates (Hoeffding's other bound) wherever its
+    binomial p is below 1/4."""
     from scipy.stats import binomtest
 
     k = math.floor(k + _EPS) if greater else math.ceil(k - _EPS)
@@ -73,7 +81,8 @@ def binomial_p(k: float, n: int, rate: float, greater: bool) -> float:
             return 1.0
         if rate <= 0:  # H0 "rate ≤ 0": one success refutes it
             return 0.0 if k > 0 else 1.0
-        return float(binomtest(k, n, rate, alternative="greater").pvalue)
+        p = float(binomtest(k, n, rate, alternative="greater").pvalue)
+        return max(p, n * rate) if k == 1 and n * rate < 1 else p
     if rate <= 0:
         return 1.0
     if rate >= 1:
