@@ -62,7 +62,7 @@ def test_a_bad_import_breaks_a_contract(tmp_path, culprit, contract):
            "compat/reading/runs.py": "from ..decide import churn  # noqa\n",
            "compat/stats/replicates.py": "from ..reading import formats  # noqa\n",
            "compat/gate.py": "import torch  # noqa\n",
-           "cli/compare.py": "from .models import default_model  # noqa\n",
+           "cli/compare.py": "from ..models.embedded import default_model  # noqa\n",
            "testing/plugin.py": "import pandas  # noqa\n",
            "compat/decide.py": "import lm_eval  # noqa\n",
            "cli/evaluate.py": "from lm_eval.api.registry import get_model  # noqa\n"}[culprit]

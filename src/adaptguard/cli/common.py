@@ -1,5 +1,5 @@
 """What the commands share: argument types and the subcommand maker (the gate's `compare` among them, so nothing here
-imports beyond the core; the commands that load models share `models.py`)."""
+imports beyond the core: what resolves model names is `adaptguard.models.embedded`'s)."""
 
 from __future__ import annotations
 
@@ -59,3 +59,14 @@ def add_command(sub, name: str, help: str, extra: str | None = None, **kwargs) -
 
 
 DEFAULT_ALPHA = 0.05
+
+
+def add_embedding_options(parser) -> None:
+    """The options of the commands that embed datasets (`drift risk`, `select`)."""
+    parser.add_argument("--model", help="embedding model, Hub id or path (default: the embedded tiny model)")
+    parser.add_argument("--embedder", default="mean_pooled", help="registered embedder (mean_pooled, sentence, ...)")
+    parser.add_argument("--max-examples", type=positive_int, default=256, help="rows embedded per dataset (seeded sample)")
+    parser.add_argument("--text-column", default="text", help="column holding the text (default text)")
+    parser.add_argument("--split", default="train", help="dataset split (default train)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the row sample and ablations (default 0)")
+    parser.add_argument("--device", default="cpu", help="torch device for the embedder (default cpu)")

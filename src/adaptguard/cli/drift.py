@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_command, finite_float, positive_int
-from .models import add_embedding_options, default_model
+from .common import add_command, add_embedding_options, finite_float, positive_int
 
 DRIFT_EXAMPLE = "example: " + "adaptguard drift risk --finetune new_data.jsonl --keep old_task.jsonl"
 BOUND_EXAMPLE = "example: " + "adaptguard drift bound --out bound.png"
@@ -62,6 +61,7 @@ def _drift_corrupt(ns: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from ..drift.data import corrupt_to_similarity, kept_fraction
+    from ..models.embedded import default_model
     from ..utils.data import load_any_dataset
     from ..utils.files import check_dataset_output, write_dataset
 
@@ -106,6 +106,7 @@ def _drift_styles(ns: argparse.Namespace) -> int:
 def _drift_risk(ns: argparse.Namespace) -> int:
     import json
 
+    from ..models.embedded import default_model
     from ..selection.jobs import run_drift_risk
 
     report = run_drift_risk(

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from .common import DEFAULT_ALPHA, add_command, gate_threshold, positive_int, significance
-from .models import resolve_model_names
 
 EVALUATE_EXAMPLE = ("example: adaptguard evaluate runs/old --model hf --model-args pretrained=my-org/model-v2 "
                     "--fail-on 'nfr>2%' --output-path runs/new")
@@ -27,6 +26,7 @@ def _evaluate(ns: argparse.Namespace) -> int:
     )
     from ..compat.reading.formats import read_runs
     from ..compat.reading.records import load_record
+    from ..models.embedded import resolve_model_names
     from ..plugins import lm_eval_task_dirs
 
     if ns.significance is None:

@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 
 from .common import add_command
-from .models import resolve_model_names
 
 HELP = "Run lm-eval with every adaptguard and plugin task directory included."
 EXAMPLE = "example: " + "adaptguard lm-eval run --model hf --model_args pretrained=built:smollm2 --tasks compat_arc_easy"
@@ -22,6 +21,7 @@ def run_lm_eval(argv: list[str]) -> int:
     import tempfile
 
     from ..compat.harness.tasks import gathered_include_path, lm_eval_cli
+    from ..models.embedded import resolve_model_names
     from ..plugins import lm_eval_task_dirs
 
     argv, user_dirs = [resolve_model_names(a) for a in argv], []

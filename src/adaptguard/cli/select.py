@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_command, finite_float, positive_int
-from .models import add_embedding_options, default_model
+from .common import add_command, add_embedding_options, finite_float, positive_int
 
 SELECT_EXAMPLE = "example: " + "adaptguard select --target target.jsonl --candidates a.jsonl b.jsonl --out mixture.jsonl"
 
@@ -13,6 +12,7 @@ SELECT_EXAMPLE = "example: " + "adaptguard select --target target.jsonl --candid
 def _select(ns: argparse.Namespace) -> int:
     import json
 
+    from ..models.embedded import default_model
     from ..selection.jobs import run_select
     from ..utils.files import check_dataset_output
 

@@ -519,3 +519,23 @@ if __name__ == "__main__":  # the build subprocess of `rebuild_embedded`: SPEC_J
 
     transformers.utils.logging.disable_progress_bar()  # one bar: the pretraining's
     _build(EmbeddedSpec(**json.loads(sys.argv[1])), Path(sys.argv[2]))
+
+
+def default_model(name: str | None) -> str:
+    """A command's model: the embedded default when no model is named (every command runs offline). `embedded:<name>` or
+    `built:<name>` names one of ours."""
+    if name:
+        name = resolve_model(name)
+        from ..utils.data import check_local_path
+
+        check_local_path(name, "model")
+        return name
+    return str(embedded_model_path("tiny"))
+
+
+def resolve_model_names(arg: str) -> str:
+    """`--model_args pretrained=built:smollm2,...`: each `embedded:<name>` or `built:<name>` value becomes that
+    model's local path."""
+    import re
+
+    return re.sub(r"(?<==)(?:embedded|built):[\w-]+", lambda m: resolve_model(m.group(0)), arg)
