@@ -134,3 +134,63 @@ def test_the_agrapa_bet_uses_only_the_items_before_it():
         changed = x.copy()
         changed[-1] = -changed[-1] if changed[-1] else 1.0
         assert agrapa_e_process(changed, margin, greater)[-2] == pytest.approx(out[-2], rel=1e-12)
+
+
+def _obf_share(t: float, alpha: float) -> float:
+    """Lan–DeMets O'Brien–Fleming-type spending, written out: the share of α spent by information time t."""
+    return 2 * (1 - norm.cdf(norm.ppf(1 - alpha / 2) / math.sqrt(t))) / alpha
+
+
+def test_nfr_5pct_boundaries_worked_out_independently_and_decided_exactly_at_them():
+    """Issue 95.1: `nfr>5%` on 400 items, 200 old-right, a look every 50 of them. Worked out here with scipy alone:
+    the fixed-n cut c (the first count binomtest rejects on 400 items), its size α0 = P(Binom(200, 0.1) ≥ c), and
+    for the first two looks the smallest count b_j whose reversal probability (cross at look j first, end below c)
+    fits (α − α0) × the O'Brien–Fleming share by t_j, less what look 1 spent. The module's boundaries are these; a
+    run with exactly b₁ flips among the first 50 old-right items breaches at the first look, one with b₁ − 1 does
+    not (and likewise at b₂ for a run that did not cross at look 1)."""
+    from scipy.stats import binom
+
+    big_n, pool, theta, looks = 400, 200, 0.05, [50, 100, 150, 200]
+    q0 = theta * big_n / pool  # 0.1: each old-right item flips at this rate on H0's boundary
+    cut = next(k for k in range(pool + 1) if binomtest(k, big_n, theta, alternative="greater").pvalue < ALPHA)
+    alpha0 = float(binom.sf(cut - 1, pool, q0))
+    slack = ALPHA - alpha0
+    assert 0 < alpha0 < ALPHA
+
+    k1 = np.arange(51)
+    reversal1 = binom.pmf(k1, 50, q0) * binom.cdf(cut - k1 - 1, pool - 50, q0)
+    budget1 = slack * _obf_share(50 / pool, ALPHA)
+    b1 = next(b for b in range(51) if reversal1[b:].sum() <= budget1)
+    spent1 = reversal1[b1:].sum()
+    # look 2: the paths still running (fewer than b1 flips at look 1), then 50 more items
+    k2 = np.arange(101)
+    running = np.array([sum(binom.pmf(j, 50, q0) * binom.pmf(k - j, 50, q0) for j in range(min(b1, k + 1)))
+                        for k in k2])
+    reversal2 = running * binom.cdf(cut - k2 - 1, pool - 100, q0)
+    budget2 = slack * _obf_share(100 / pool, ALPHA) - spent1
+    b2 = next(b for b in range(101) if reversal2[b:].sum() <= budget2)
+    # written out: c = 28 (binomtest's p for 28 of 400 at 5 % is below 0.05, for 27 above), α0 = 4.34 %, so the
+    # early looks share 0.66 % between them: b₁ = 16 of 50, b₂ = 20 of 100
+    assert (cut, b1, b2) == (28, 16, 20) and alpha0 == pytest.approx(0.0434285, abs=1e-6)
+
+    bounds = gs.rate_boundaries(looks, pool, q0, gs.final_cut(0, big_n, theta, ALPHA, pool), ALPHA)
+    assert bounds[:2] == [b1, b2] and bounds[-1] == cut
+
+    t = Threshold.parse("nfr>5%")
+    old = np.arange(big_n) < pool  # 200 right, 200 wrong
+    order = np.array(group_plan(dict(enumerate(old.tolist())), ["nfr"], 0, "t")["order"])
+    assert set(order) == set(range(pool))  # only the old-right items are evaluated
+
+    def run(flips_by_look: list[int]):
+        new = old.copy()
+        done = 0
+        for look, flips in zip(looks, flips_by_look):
+            chunk = order[done:look]
+            new[chunk[:flips]] = False  # right → wrong
+            done = look
+        return group_stop(_entry(old, new, order, looks[: len(flips_by_look)]), t, ALPHA)
+
+    assert run([b1])[:2] == ("breach", 0)
+    assert run([b1 - 1])[0] == "undecided"
+    assert run([b1 - 1, b2 - (b1 - 1)])[:2] == ("breach", 1)
+    assert run([b1 - 1, b2 - b1])[0] == "undecided"
