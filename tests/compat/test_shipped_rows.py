@@ -92,3 +92,18 @@ def test_the_lm_eval_tasks_higher_is_better_is_the_rows_direction():
                 assert entry["higher_is_better"] is not TABLE[entry["metric"]][1], (path.name, entry["metric"])
                 seen += 1
     assert seen >= 8
+
+
+def test_the_tables_lookups_by_name_including_names_it_lacks():
+    """What the readers ask of the table, answered from the literal table above; a name without a row is no rate,
+    has no test, is not about flips and needs both strata (evaluate evaluates every item for it)."""
+    from adaptguard.compat.metric_table import about_flips, in_rate_units, is_rate, strata, tested
+
+    for name, (unit, _, flips, can_flip, tests, _) in TABLE.items():
+        assert strata(name) == ("RW" if can_flip is None else can_flip), name
+        assert is_rate(name) is (unit is Unit.RATE) and in_rate_units(name) is (unit is not Unit.SCORE), name
+        assert about_flips(name) is flips, name
+        assert all(tested(name, kind) is (kind in tests) for kind in Evidence), name
+    for missing in ("no_such_metric", "accuracy"):
+        assert strata(missing) == "RW" and not is_rate(missing) and not in_rate_units(missing)
+        assert not about_flips(missing) and not any(tested(missing, kind) for kind in Evidence)

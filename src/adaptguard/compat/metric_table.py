@@ -99,10 +99,6 @@ def names(keep: Callable[[Metric], bool] = lambda m: True) -> tuple[str, ...]:
     return tuple(m.name for m in METRICS.values() if keep(m))
 
 
-def metric(name: str) -> Metric | None:
-    return METRICS.get(name)
-
-
 def strata(name: str) -> str:
     """The strata of the known pool a metric needs evaluated: "R" (old-right items), "W" (old-wrong), "RW" or ""."""
     m = METRICS.get(name)
