@@ -4,56 +4,14 @@
 threshold's pool as `rate_pool` must set it, and a group entry's values over all items counted by hand."""
 
 import math
-from collections import defaultdict
 
 import numpy as np
 import pytest
-from scipy.stats import binom, binomtest, norm
+from independent import boundaries, first_cut, share
 
 from adaptguard.compat.stats import group_sequential as gs
 
 ALPHA = 0.05
-
-
-def share(t: float, alpha: float) -> float:
-    """The O'Brien–Fleming-type share of α spent by information time t (Lan & DeMets 1983), capped at 1."""
-    return min(1.0, 2 * (1 - norm.cdf(norm.ppf(1 - alpha / 2) / math.sqrt(min(1.0, t)))) / alpha)
-
-
-def first_cut(offset: int, n_final: int, theta: float, alpha: float, pool: int):
-    """The first pool count at which the fixed-n test (binomtest on offset + count of n_final) rejects."""
-    return next((k for k in range(pool + 1)
-                 if binomtest(offset + k, n_final, theta, alternative="greater").pvalue < alpha), None)
-
-
-def boundaries(looks, pool, q0, cut, alpha):
-    """Each look's early-stop count: the smallest b whose reversal mass (cross here first, end below the cut) keeps
-    the running total within (α − α0)·share(t); with the distribution of the paths still running after each look."""
-    if cut is None:
-        return [math.inf] * len(looks), []
-    slack = max(0.0, alpha - float(binom.sf(cut - 1, pool, q0)))
-    running, done, spent, out, history = {0: 1.0}, 0, 0.0, [], []
-    for n in looks:
-        if n >= pool:
-            out.append(float(cut))
-            continue
-        grown = defaultdict(float)
-        for k, p in running.items():
-            for j in range(n - done + 1):
-                grown[k + j] += p * binom.pmf(j, n - done, q0)
-        done = n
-        reversal = {k: p * (binom.cdf(cut - k - 1, pool - n, q0) if cut - k > 0 else 0.0) for k, p in grown.items()}
-        allowed = slack * share(n / pool, alpha) - spent
-        b = next((b for b in range(n + 2) if sum(v for k, v in reversal.items() if k >= b) <= allowed + 1e-15), n + 1)
-        history.append(dict(grown))
-        if b > n:
-            out.append(math.inf)
-            running = dict(grown)
-            continue
-        spent += sum(v for k, v in reversal.items() if k >= b)
-        running = {k: p for k, p in grown.items() if k < b}
-        out.append(float(b))
-    return out, history
 
 
 DESIGNS = [  # (metric, greater, N, M_R, M_W, θ, the stratum's looks)

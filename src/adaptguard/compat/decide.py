@@ -262,7 +262,9 @@ def group_stop(entry: Mapping, t, alpha: float) -> tuple[Decision, int | None, d
         complete = [None]  # old_acc: the baseline alone decides it
     if t.metric == "btc" and m_r == 0:  # btc is not defined without an item the old model got right
         return Decision.UNDECIDED, None, {"p_value": 1.0, "p_within": 1.0}
-    early = looks[: complete[0]] if complete and complete[0] is not None else looks
+    # the looks before the strata were done; none for old_acc (the baseline decides it: the new model's answers, which
+    # the looks hold, say nothing about it)
+    early = looks if not complete else [] if complete[0] is None else looks[: complete[0]]
     flip = "<" if t.op == ">" else ">"
     side = rate_side if need in ("R", "W") else _score_side
     towards = side(entry, t.metric, float(t.value), t.op == ">", alpha, early) if early else (None, 1.0)
