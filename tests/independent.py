@@ -12,7 +12,7 @@ fails when either is wrong.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from functools import lru_cache
 
 import numpy as np
 from scipy import integrate
@@ -44,6 +44,7 @@ def share(t: float, alpha: float) -> float:
     return min(1.0, 2 * (1 - norm.cdf(norm.ppf(1 - alpha / 2) / math.sqrt(min(1.0, t)))) / alpha)
 
 
+@lru_cache(maxsize=None)  # a linear scan of binomial tests; the same design recurs across runs
 def first_cut(offset: int, n_final: int, theta: float, alpha: float, pool: int):
     """The first pool count at which the fixed-n test (offset + count of n_final) rejects; None where none does."""
     return next((k for k in range(pool + 1) if rate_p(offset + k, n_final, theta, True) < alpha), None)
@@ -55,27 +56,27 @@ def boundaries(looks, pool, q0, cut, alpha):
     if cut is None:
         return [math.inf] * len(looks), []
     slack = max(0.0, alpha - float(binom.sf(cut - 1, pool, q0)))
-    running, done, spent, out, history = {0: 1.0}, 0, 0.0, [], []
+    running, done, spent, out, history = np.array([1.0]), 0, 0.0, [], []  # running[k]: P(count k, not stopped)
     for n in looks:
         if n >= pool:
             out.append(float(cut))
             continue
-        grown = defaultdict(float)
         step = binom.pmf(np.arange(n - done + 1), n - done, q0)
-        for k, p in running.items():
-            for j, q in enumerate(step):
-                grown[k + j] += p * q
+        grown = np.zeros(n + 1)  # P(count k at this look, no earlier stop): every (k so far, j new) pair
+        for k, p in enumerate(running):
+            grown[k: k + len(step)] += p * step
         done = n
-        reversal = {k: p * (binom.cdf(cut - k - 1, pool - n, q0) if cut - k > 0 else 0.0) for k, p in grown.items()}
+        counts = np.arange(n + 1)
+        reversal = grown * np.where(cut - counts > 0, binom.cdf(cut - counts - 1, pool - n, q0), 0.0)
         allowed = slack * share(n / pool, alpha) - spent
-        b = next((b for b in range(n + 2) if sum(v for k, v in reversal.items() if k >= b) <= allowed + 1e-15), n + 1)
-        history.append(dict(grown))
+        b = next((b for b in range(n + 2) if reversal[b:].sum() <= allowed + 1e-15), n + 1)
+        history.append(dict(enumerate(grown)))
         if b > n:
             out.append(math.inf)
-            running = dict(grown)
+            running = grown
             continue
-        spent += sum(v for k, v in reversal.items() if k >= b)
-        running = {k: p for k, p in grown.items() if k < b}
+        spent += float(reversal[b:].sum())
+        running = np.where(counts < b, grown, 0.0)
         out.append(float(b))
     return out, history
 
@@ -118,7 +119,8 @@ def rate_side(looks, big_n, m_r, m_w, metric, theta, greater, alpha):
 
 
 # ---------------------------------------------------------------------------------- the group design, scores
-def z_bounds(times, eps: float) -> list[float]:
+@lru_cache(maxsize=None)  # the same looks recur across a test's runs
+def z_bounds(times: tuple, eps: float) -> tuple[float, ...]:
     """One-sided O'Brien–Fleming-type boundaries of a standardised score at information times `times` (one to
     three looks), each look spending share(t)·ε − share(t_prev)·ε: P(Z_1 < h_1, …, Z_j ≥ h_j) solved for h_j, the
     probability by quadrature over the Brownian path S(t) = Z√t."""
@@ -141,7 +143,7 @@ def z_bounds(times, eps: float) -> list[float]:
                                      hs[1] * math.sqrt(last), epsabs=1e-13)[0]
 
         hs.append(float(brentq(lambda h: crossing_here(h) - target, -4.0, 12.0, xtol=1e-6)))
-    return hs
+    return tuple(hs)
 
 
 def tango_z(b: int, c: int, n: int, margin: float) -> float:
@@ -173,7 +175,7 @@ def score_side(looks, big_n, m_r, m_w, metric, theta, greater, alpha, tolerance=
     if not where:
         return None, 1.0
     eps = alpha / 5
-    times = [looks[i]["n"] / big_n for i in where]
+    times = tuple(looks[i]["n"] / big_n for i in where)
     hs = z_bounds(times, eps)
     z = None
     for j, i in enumerate(where):

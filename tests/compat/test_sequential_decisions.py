@@ -1,0 +1,174 @@
+"""Every group-sequential decision against a second implementation (issue 95): random runs of each shipped metric on
+both sides — boundaries crossed early, runs curtailed, the fixed-n test once the strata are done, runs still going —
+decided by the gate (`decide_threshold`) and by `independent.group_decision`, written from the design's docstring with
+scipy alone. The decision, the look that made it, both p-values and the estimate must agree; each kind of outcome must
+occur, so a bug in any branch shows."""
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+from independent import Ambiguous, group_decision, look_counts, mcnemar_p, rate_p, share, z_bounds
+from scipy.stats import binomtest, norm
+
+from adaptguard.compat.decide import decide_threshold, group_stop
+from adaptguard.compat.gate import Threshold
+from adaptguard.compat.stats.group_sequential import z_boundaries
+
+ALPHA = 0.05
+# the program finds a score boundary on a grid: within (0.01 below, 0.035 above) the exact one (measured against
+# `z_bounds` at t ≥ 0.2); a score that close to it has no exact decision to hold the program to
+GRID = (0.01, 0.035)
+
+
+def entry_of(old, new, looks, big_n):
+    m_r = int(np.sum(old))
+    return {"sequential": {"design": "group", "items": big_n, "strata": {"R": m_r, "W": big_n - m_r},
+                           "old": [int(v) for v in old], "new": [int(v) for v in new], "looks": list(looks)}}
+
+
+def run(rng, big_n, m_r, flip_rate, fix_rate, every, r_first):
+    """A run of N items (m_r of them old-right) in random order, or the old-right first; each old-right item flips
+    with `flip_rate`, each old-wrong one is fixed with `fix_rate`; looks every `every` items, the run stopped after a
+    random number of them (after all of them where the old-right come first, so a stratum is done before the end)."""
+    old = np.array([True] * m_r + [False] * (big_n - m_r))
+    if not r_first:
+        rng.shuffle(old)
+    u = rng.random(big_n)
+    new = np.where(old, u >= flip_rate, u < fix_rate)
+    looks = list(range(every, big_n, every)) + [big_n]
+    return old, new, looks if r_first else looks[: rng.integers(1, len(looks) + 1)]
+
+
+def estimate(old, new, looks, big_n, metric):
+    """The metric over all N items from the last look, each stratum's rate times its size (by hand)."""
+    m_r = int(np.sum(old))
+    x = look_counts(old, new, looks)[-1]
+    flips = x["b"] / x["n_r"] * m_r if x["n_r"] else (0.0 if m_r == 0 else None)
+    fixes = x["c"] / x["n_w"] * (big_n - m_r) if x["n_w"] else (0.0 if m_r == big_n else None)
+    if metric == "old_acc":
+        return m_r / big_n
+    if metric in ("nfr", "btc"):
+        return None if flips is None else flips / big_n if metric == "nfr" else 1 - flips / m_r
+    if metric == "pfr":
+        return None if fixes is None else fixes / big_n
+    if flips is None or fixes is None:
+        return None
+    return (flips - fixes) / big_n if metric == "acc_drop" else (m_r - flips + fixes) / big_n
+
+
+CASES = [  # (threshold, N, M_R, rates of flips and fixes to draw from, look every, runs)
+    ("nfr>5%", 400, 200, [(0.0, 0.1), (0.05, 0.1), (0.1, 0.1), (0.2, 0.1), (0.35, 0.1)], 50, 150),
+    ("nfr<5%", 400, 200, [(0.0, 0.1), (0.02, 0.1), (0.1, 0.1), (0.2, 0.1)], 50, 150),
+    ("nfr>3%", 300, 120, [(0.0, 0.1), (0.06, 0.1), (0.1, 0.1), (0.2, 0.1), (0.4, 0.1)], 30, 150),
+    ("pfr>5%", 300, 100, [(0.0, 0.0), (0.05, 0.05), (0.1, 0.1), (0.25, 0.25)], 50, 150),
+    ("pfr<10%", 300, 100, [(0.0, 0.0), (0.05, 0.05), (0.15, 0.15), (0.3, 0.3)], 50, 150),
+    ("btc<90%", 300, 200, [(0.0, 0.1), (0.05, 0.1), (0.1, 0.1), (0.25, 0.1)], 40, 150),
+    ("btc>80%", 300, 200, [(0.0, 0.1), (0.1, 0.1), (0.2, 0.1), (0.4, 0.1)], 40, 150),
+    ("acc_drop>0", 300, 180, [(0.0, 0.2), (0.05, 0.05), (0.2, 0.05), (0.4, 0.0)], 100, 150),
+    ("acc_drop<0", 300, 180, [(0.0, 0.2), (0.0, 0.5), (0.05, 0.05), (0.2, 0.05)], 100, 150),
+    ("new_acc>50%", 300, 150, [(0.0, 0.3), (0.05, 0.1), (0.3, 0.0), (0.1, 0.6)], 100, 150),
+    ("new_acc<70%", 300, 180, [(0.0, 0.3), (0.05, 0.1), (0.3, 0.0), (0.1, 0.6)], 100, 150),
+]
+
+
+@pytest.mark.parametrize("expr, big_n, m_r, rates, every, runs", CASES, ids=[c[0] for c in CASES])
+def test_each_decision_equals_the_second_implementation(expr, big_n, m_r, rates, every, runs):
+    t = Threshold.parse(expr)
+    rng = np.random.default_rng(95)
+    seen = Counter()
+    for i in range(runs):
+        flip_rate, fix_rate = rates[i % len(rates)]
+        old, new, looks = run(rng, big_n, m_r, flip_rate, fix_rate, every, r_first=i % 3 == 2)
+        entry = entry_of(old, new, looks, big_n)
+        try:
+            want = group_decision(old, new, looks, big_n, m_r, big_n - m_r, t.metric, float(t.value), t.op, ALPHA,
+                                  tolerance=GRID)
+        except Ambiguous:
+            seen["ambiguous"] += 1
+            continue
+        got = decide_threshold("task", entry, t, ALPHA)
+        where = f"run {i}: looks {looks}, counts {look_counts(old, new, looks)}"
+        assert got.decision.value == want["decision"], where
+        assert group_stop(entry, t, ALPHA)[1] == want["at"], where
+        assert got.p_value == pytest.approx(want["p_value"], rel=1e-7, abs=1e-12), where
+        assert got.p_within == pytest.approx(want["p_within"], rel=1e-7, abs=1e-12), where
+        v = estimate(old, new, looks, big_n, t.metric)
+        assert got.value == (None if v is None else pytest.approx(v, abs=1e-12)), where
+        seen[("early " if want["at"] is not None and looks[want["at"]] < big_n and
+              (want["decision"] != "undecided") and not _strata_done(old, looks[want["at"]], t.metric) else "")
+             + want["decision"]] += 1
+    assert seen["ambiguous"] <= runs // 5, seen  # the comparison is not emptied by the grid
+    # every kind of outcome occurs: a bug in any branch shows
+    outcomes = set(seen) - {"ambiguous"}
+    assert {"early breach", "early clear"} <= outcomes, seen
+    assert {"breach", "clear"} & outcomes, seen  # decided by the fixed-n test on all items
+    assert "undecided" in outcomes, seen
+
+
+def _strata_done(old, n, metric):
+    need = {"nfr": "R", "btc": "R", "pfr": "W", "acc_drop": "RW", "new_acc": "RW", "old_acc": ""}[metric]
+    o = np.asarray(old)
+    return all((o[:n] == (k == "R")).sum() == (o == (k == "R")).sum() for k in need)
+
+
+def test_old_acc_is_decided_by_the_baseline_alone():
+    """old_acc does not move with the new model's answers: a group entry decides it by the fixed-n binomial test of
+    the old model's accuracy on all N items, whatever the looks hold (a bug decided it from the new model's scores)."""
+    rng = np.random.default_rng(7)
+    old = np.array([True] * 150 + [False] * 150)
+    rng.shuffle(old)
+    new = rng.random(300) < 0.9  # the new model far above 50 %
+    entry = entry_of(old, new, [100], 300)
+    for expr, p in [("old_acc>50%", binomtest(150, 300, 0.5, alternative="greater").pvalue),
+                    ("old_acc>40%", binomtest(150, 300, 0.4, alternative="greater").pvalue),
+                    ("old_acc<60%", binomtest(150, 300, 0.6, alternative="less").pvalue)]:
+        got = decide_threshold("task", entry, Threshold.parse(expr), ALPHA)
+        assert got.p_value == pytest.approx(p, rel=1e-9), expr
+        assert got.decision.value == ("breach" if p < ALPHA else "undecided"), expr
+        assert got.value == 0.5
+    assert decide_threshold("task", entry, Threshold.parse("old_acc>50%"), ALPHA).decision.value == "undecided"
+
+
+@pytest.mark.parametrize("times", [(0.25,), (0.5,), (1 / 3, 2 / 3), (0.25, 0.5), (0.4, 0.8), (0.2, 0.9)])
+@pytest.mark.parametrize("eps", [0.01, 0.002])
+def test_the_score_boundaries_against_quadrature(times, eps):
+    """The grid's boundaries within GRID of the ones solved by quadrature, never below them by more than 0.01 (a
+    boundary too low spends more than ε)."""
+    want, got = z_bounds(times, eps), z_boundaries(times, eps)
+    for h, g in zip(want, got):
+        assert h - GRID[0] <= g <= h + GRID[1], (want, got)
+    # the first boundary is the normal quantile of the share spent by then, exactly
+    assert want[0] == pytest.approx(norm.isf(eps * share(times[0], eps)), rel=1e-12)
+
+
+def test_a_run_is_curtailed_where_the_items_left_cannot_save_it():
+    """acc_drop>0 on 300 items (180 old-right), one look at 295 (3 old-right and 2 old-wrong left), every count of
+    flips and fixes near the boundary: the run stops when the score crosses its boundary (p = the α spent by then), or
+    when McNemar's test on all items rejects even if the 2 old-wrong items left are fixed (p = α), else it goes on.
+    Each of the three happens, and the gate agrees with `group_decision` on every count."""
+    old = np.array(([True] * 3 + [False] * 2) * 60)
+    r, w = np.nonzero(old[:295])[0], np.nonzero(~old[:295])[0]
+    t = Threshold.parse("acc_drop>0")
+    h = z_bounds((295 / 300,), ALPHA / 5)[0]
+    found = Counter()
+    for b in range(40, 80):
+        for c in range(15, 50, 3):
+            new = old.copy()
+            new[r[:b]], new[w[:c]] = False, True
+            z = (b - c) / math.sqrt(b + c)  # Tango's score at margin 0
+            if h - GRID[0] <= z < h + GRID[1]:
+                continue
+            decision, at, ps = group_stop(entry_of(old, new, [295], 300), t, ALPHA)
+            crosses, certain = z >= h, b - c - 2 > 0 and mcnemar_p(b, c + 2, True) < ALPHA
+            if crosses:
+                assert (decision.value, at, ps["p_value"]) == ("breach", 0, pytest.approx(
+                    ALPHA / 5 * share(295 / 300, ALPHA / 5), rel=1e-9)), (b, c)
+            elif certain:
+                assert (decision.value, at, ps["p_value"]) == ("breach", 0, ALPHA), (b, c)
+            else:
+                assert at is None or decision.value == "clear", (b, c)
+                assert ps["p_value"] == pytest.approx(max(ALPHA, norm.sf(z)), rel=1e-9), (b, c)
+            found["crosses" if crosses else "curtailed" if certain else "goes on"] += 1
+    assert set(found) == {"crosses", "curtailed", "goes on"}, found
