@@ -12,12 +12,12 @@ fails when either is wrong.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 from scipy import integrate
 from scipy.optimize import brentq
-from scipy.stats import beta, binom, binomtest, norm
+from scipy.stats import binom, binomtest, norm
 
 
 # ------------------------------------------------------------------------------------------ the fixed-n tests
@@ -44,7 +44,7 @@ def share(t: float, alpha: float) -> float:
     return min(1.0, 2 * (1 - norm.cdf(norm.ppf(1 - alpha / 2) / math.sqrt(min(1.0, t)))) / alpha)
 
 
-@lru_cache(maxsize=None)  # a linear scan of binomial tests; the same design recurs across runs
+@cache  # a linear scan of binomial tests; the same design recurs across runs
 def first_cut(offset: int, n_final: int, theta: float, alpha: float, pool: int):
     """The first pool count at which the fixed-n test (offset + count of n_final) rejects; None where none does."""
     return next((k for k in range(pool + 1) if rate_p(offset + k, n_final, theta, True) < alpha), None)
@@ -119,7 +119,7 @@ def rate_side(looks, big_n, m_r, m_w, metric, theta, greater, alpha):
 
 
 # ---------------------------------------------------------------------------------- the group design, scores
-@lru_cache(maxsize=None)  # the same looks recur across a test's runs
+@cache  # the same looks recur across a test's runs
 def z_bounds(times: tuple, eps: float) -> tuple[float, ...]:
     """One-sided O'Brien–Fleming-type boundaries of a standardised score at information times `times` (one to
     three looks), each look spending share(t)·ε − share(t_prev)·ε: P(Z_1 < h_1, …, Z_j ≥ h_j) solved for h_j, the
@@ -142,7 +142,7 @@ def z_bounds(times: tuple, eps: float) -> tuple[float, ...]:
             return integrate.dblquad(f, -12 * math.sqrt(t1), hs[0] * math.sqrt(t1), -12 * math.sqrt(last),
                                      hs[1] * math.sqrt(last), epsabs=1e-13)[0]
 
-        hs.append(float(brentq(lambda h: crossing_here(h) - target, -4.0, 12.0, xtol=1e-6)))
+        hs.append(float(brentq(lambda h, target=target: crossing_here(h) - target, -4.0, 12.0, xtol=1e-6)))
     return tuple(hs)
 
 
@@ -254,19 +254,30 @@ def group_decision(old, new, looks, big_n, m_r, m_w, metric, theta, op, alpha, t
 def mixture_e_value(k: int, n: int, rate: float, greater: bool) -> float:
     """Robbins' mixture: ∫ over the alternative of L(p)/L(rate) under the Beta(1, b0) prior restricted to it,
     b0 = max(1, (1 − rate)/rate), by quadrature (`anytime.rate_e_value`'s definition)."""
+    return math.exp(min(log_mixture_e_value(k, n, rate, greater), 700.0))
+
+
+def log_mixture_e_value(k: int, n: int, rate: float, greater: bool) -> float:
+    """log of `mixture_e_value`: the likelihood ratio scaled by its largest value on the alternative before the
+    quadrature, so that extreme rates neither overflow nor underflow."""
     if n == 0 or (greater and rate >= 1) or (not greater and rate <= 0):
-        return 1.0
+        return 0.0
     b0 = max(1.0, (1 - rate) / rate)
-
-    def ratio(p):  # L(p) / L(rate), in logs
-        return math.exp(k * math.log(p / rate) + (n - k) * math.log((1 - p) / (1 - rate))) if 0 < p < 1 else 0.0
-
     lo, hi = (rate, 1.0) if greater else (0.0, rate)
-    mass = beta.cdf(hi, 1, b0) - beta.cdf(lo, 1, b0)
+
+    def log_ratio(p):  # log L(p) / L(rate)
+        return (k * math.log(p / rate) if k else 0.0) + ((n - k) * math.log((1 - p) / (1 - rate)) if n - k else 0.0)
+
+    top = log_ratio(min(max(k / n, lo), hi))  # its largest value: the ratio is log-concave, peaked at k/n
+    # the Beta(1, b0) prior written out: density b0 (1 − p)^(b0 − 1), cdf 1 − (1 − p)^b0
+    mass = (1 - lo) ** b0 - (1 - hi) ** b0
     points = [x for x in (k / n,) if lo < x < hi]
-    num = integrate.quad(lambda p: ratio(p) * beta.pdf(p, 1, b0), lo, hi, points=points or None, limit=500,
-                         epsrel=1e-10, epsabs=0)[0]
-    return num / mass
+
+    def integrand(p):
+        return math.exp(log_ratio(p) - top + math.log(b0) + (b0 - 1) * math.log1p(-p)) if 0 < p < 1 else 0.0
+
+    num = integrate.quad(integrand, lo, hi, points=points or None, limit=200, epsrel=1e-9, epsabs=0)[0]
+    return top + math.log(num / mass) if num > 0 else -math.inf
 
 
 def grid_wealth(x, margin: float, greater: bool, bets: int = 24) -> list[float]:

@@ -9,10 +9,20 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from independent import Ambiguous, group_decision, look_counts, mcnemar_p, rate_p, share, z_bounds
+from independent import (
+    Ambiguous,
+    agrapa_wealth,
+    grid_wealth,
+    group_decision,
+    look_counts,
+    mcnemar_p,
+    mixture_e_value,
+    share,
+    z_bounds,
+)
 from scipy.stats import binomtest, norm
 
-from adaptguard.compat.decide import decide_threshold, group_stop
+from adaptguard.compat.decide import decide_across, decide_threshold, group_stop
 from adaptguard.compat.gate import Threshold
 from adaptguard.compat.stats.group_sequential import z_boundaries
 
@@ -172,3 +182,129 @@ def test_a_run_is_curtailed_where_the_items_left_cannot_save_it():
                 assert ps["p_value"] == pytest.approx(max(ALPHA, norm.sf(z)), rel=1e-9), (b, c)
             found["crosses" if crosses else "curtailed" if certain else "goes on"] += 1
     assert set(found) == {"crosses", "curtailed", "goes on"}, found
+
+
+# ------------------------------------------------------------------------------------------ the anytime design
+def anytime_entry(old, new, looks, bet=None):
+    n = len(old)
+    b, c = int(np.sum(old & ~new)), int(np.sum(~old & new))
+    s = {"old": [int(v) for v in old], "new": [int(v) for v in new], "looks": list(looks)}
+    if bet:
+        s["bet"] = bet
+    return {"n": n, "old_acc": float(np.mean(old)), "new_acc": float(np.mean(new)), "n_negative_flips": b,
+            "n_positive_flips": c, "nfr": b / n, "pfr": c / n, "btc": 1 - b / int(np.sum(old)), "sequential": s}
+
+
+def e_values_by_hand(old, new, looks, metric, theta, greater, bet):
+    """Each look's e-value: the mixture by quadrature for a rate, the betting wealth by a loop for acc_drop."""
+    if metric == "acc_drop":
+        x = old.astype(float) - new.astype(float)
+        wealth = (agrapa_wealth if bet == "agrapa" else grid_wealth)(x, theta, greater)
+        return [wealth[n - 1] for n in looks]
+    out = []
+    for n in looks:
+        o, w = old[:n], new[:n]
+        k, m = {"nfr": ((o & ~w).sum(), n), "pfr": ((~o & w).sum(), n), "btc": ((o & w).sum(), o.sum()),
+                "old_acc": (o.sum(), n), "new_acc": (w.sum(), n)}[metric]
+        out.append(mixture_e_value(int(k), int(m), theta, greater))
+    return out
+
+
+ANYTIME = [("nfr>5%", 0.6, 0.08), ("nfr<10%", 0.6, 0.12), ("pfr>5%", 0.5, 0.1), ("btc<90%", 0.7, 0.15),
+           ("btc>80%", 0.7, 0.1), ("new_acc>50%", 0.5, 0.1), ("old_acc<70%", 0.55, 0.1), ("acc_drop>0", 0.6, 0.1),
+           ("acc_drop<2%", 0.6, 0.02), ("acc_drop>-5%", 0.6, 0.2)]
+
+
+FLIPS = [0, 0, 0.2, 0.5, 1, 1.5, 2, 3, 4, 5]  # × flip_rate: from no flip to far above the threshold's scale
+FIXES = [2, 0.5, 2, 1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
+
+
+@pytest.mark.parametrize("expr, old_rate, flip_rate, bet", [
+    a + (bet,) for a in ANYTIME for bet in ((None, "agrapa") if a[0].startswith("acc_drop") else (None,))])
+def test_an_anytime_decision_is_the_largest_e_value_by_hand(expr, old_rate, flip_rate, bet):
+    """p = min(1, 1/max e over the looks) on each side, breach when p < α, clear when the other side's is; a rate's
+    interval ends where the e-values by quadrature say: just inside, no look rejects; just outside, one does."""
+    t = Threshold.parse(expr)
+    theta = float(t.value)
+    rng = np.random.default_rng(sum(map(ord, expr)))
+    seen = Counter()
+    for i, (flips, fixes) in enumerate(zip(FLIPS, FIXES)):
+        n = int(rng.integers(100, 300))
+        old = rng.random(n) < old_rate
+        u = rng.random(n)
+        new = np.where(old, u >= flip_rate * flips, u < flip_rate * fixes)
+        looks = sorted(set(range(40, n, 40)) | {n})
+        got = decide_threshold("task", anytime_entry(old, new, looks, bet), t, ALPHA)
+        ps = [min(1.0, 1 / max(e_values_by_hand(old, new, looks, t.metric, theta, greater, bet)))
+              for greater in (t.op == ">", t.op != ">")]
+        assert got.p_value == pytest.approx(ps[0], rel=1e-5), (i, n)
+        assert got.p_within == pytest.approx(ps[1], rel=1e-5), (i, n)
+        want = "breach" if ps[0] < ALPHA else "clear" if ps[1] < ALPHA else "undecided"
+        if min(abs(math.log(p / ALPHA)) for p in ps) > 1e-4:  # not at α to quadrature precision
+            assert got.decision.value == want, (i, n, ps)
+        seen[want] += 1
+        if t.metric != "acc_drop":
+            lo, hi = got.interval
+            for end, greater in ((lo, True), (hi, False)):
+                if 1e-5 < end < 1 - 1e-5:
+                    inside, outside = (end + 1e-5, end - 1e-5) if greater else (end - 1e-5, end + 1e-5)
+                    assert max(e_values_by_hand(old, new, looks, t.metric, inside, greater, None)) < 1 / ALPHA
+                    assert max(e_values_by_hand(old, new, looks, t.metric, outside, greater, None)) >= 1 / ALPHA
+    assert {"breach", "clear", "undecided"} <= set(seen) or t.metric == "old_acc", seen
+
+
+
+
+ACROSS = [  # (threshold, per task: (n, old-right rate, flip rate, fix rate), bet)
+    ("overall:acc_drop>0", [(200, 0.6, 0.1, 0.05), (150, 0.5, 0.08, 0.1), (120, 0.7, 0.12, 0.05)], None),
+    ("overall:acc_drop>0", [(200, 0.6, 0.02, 0.05), (150, 0.5, 0.05, 0.1), (120, 0.7, 0.04, 0.1)], "agrapa"),
+    ("overall:acc_drop>5%", [(300, 0.6, 0.0, 0.1), (250, 0.5, 0.01, 0.2), (300, 0.7, 0.0, 0.1)], None),
+    ("overall:acc_drop<5%", [(300, 0.6, 0.0, 0.1), (250, 0.5, 0.01, 0.2), (300, 0.7, 0.0, 0.1)], "agrapa"),
+    ("overall:acc_drop>2%", [(100, 0.6, 0.03, 0.02), (80, 0.5, 0.05, 0.05)], None),
+]
+
+
+def test_each_anytime_verdict_across_tasks_by_hand():
+    """Each outcome occurs over the cases; each case below."""
+    assert {across_case(*case) for case in ACROSS} == {"breach", "clear", "undecided"}
+
+
+def across_case(expr, tasks, bet):
+    """Across K anytime tasks: the product of the tasks' wealths (a stopped task's held) at each round of looks,
+    breach ("some task", the task of the largest wealth) when its largest value reaches 1/α; clear when every task is
+    shown within θ at α/K; p_within = min(1, K × the largest within-p); else undecided. Each outcome occurs."""
+    t = Threshold.parse(expr)
+    theta, greater = float(t.value), t.op == ">"
+    rng = np.random.default_rng(len(expr) + len(tasks))
+    entries, wealth, within = [], [], []
+    for n, old_rate, flip, fix in tasks:
+        old = rng.random(n) < old_rate
+        u = rng.random(n)
+        new = np.where(old, u >= flip, u < fix)
+        looks = sorted(set(range(50, n, 50)) | {n})
+        entries.append(anytime_entry(old, new, looks, bet))
+        bets = agrapa_wealth if bet == "agrapa" else grid_wealth
+        x = old.astype(float) - new.astype(float)
+        wealth.append([bets(x, theta, greater)[m - 1] for m in looks])
+        within.append(min(1.0, 1 / max(bets(x, theta, not greater)[m - 1] for m in looks)))
+    rounds = max(map(len, wealth))
+    product = [math.prod(w[min(r, len(w) - 1)] for w in wealth) for r in range(rounds)]
+    p, k = min(1.0, 1 / max(product)), len(tasks)
+    worst = max(range(k), key=lambda i: wealth[i][-1])
+    names = [f"task{i}" for i in range(k)]
+    olds = np.concatenate([e["sequential"]["old"] for e in entries])
+    news = np.concatenate([e["sequential"]["new"] for e in entries])
+    pooled = {"n": len(olds), "old_acc": olds.mean(), "new_acc": news.mean(),
+              "n_negative_flips": int(np.sum((olds == 1) & (news == 0))),
+              "n_positive_flips": int(np.sum((olds == 0) & (news == 1)))}
+    got = decide_across("overall", names, entries, pooled, t, ALPHA)
+    assert got.p_value == pytest.approx(p, rel=1e-9)
+    assert got.p_within == pytest.approx(min(1.0, k * max(within)), rel=1e-9)
+    want = "breach" if p < ALPHA else "clear" if max(within) < ALPHA / k else "undecided"
+    assert got.decision.value == want
+    if want == "breach":
+        assert (got.across.shows, got.across.worst_task, got.value) == ("some_task", names[worst], pytest.approx(
+            entries[worst]["old_acc"] - entries[worst]["new_acc"]))
+    else:
+        assert (got.across.shows, got.value) == ("pooled", pytest.approx(olds.mean() - news.mean()))
+    return want
