@@ -143,13 +143,15 @@ class ThresholdDecision(_Record):
         verdict = {"decision": self.decision.value, "why": self.reason.value}
         tests = {k: getattr(self, k) for k in ("p_value", "p_within", "test", "interval", "level", "mde",
                                                 "items_needed")}
+        # the kind of evidence, so that a decision read back says how far the data reach as the one built here
+        kind = {"evidence": None if self.evidence is None else self.evidence.value}
         if self.across is None:
-            return {**head, **verdict, **tests}
+            return {**head, **verdict, **tests, **kind}
         shown = self.across.to_json()
         return {**head, "shows": shown["shows"], "worst_task": shown["worst_task"],
                 **{k: tests[k] for k in ("interval", "level", "items_needed", "p_value", "p_within")},
                 **({"p_methods": shown["p_methods"]} if "p_methods" in shown else {}),
-                "test": tests["test"], "mde": tests["mde"], **verdict}
+                "test": tests["test"], "mde": tests["mde"], **verdict, **kind}
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Mapping) and dict(self) == dict(other)
@@ -269,9 +271,10 @@ def decision_of(d: Mapping) -> ThresholdDecision:
         return d
     across = Across(d["shows"], d.get("worst_task"), d.get("p_methods")) if "shows" in d else None
     own = {f.name for f in fields(ThresholdDecision)} - {"reason", "across", "decision", "interval", "evidence"}
-    interval = d.get("interval")
+    interval, evidence = d.get("interval"), d.get("evidence")  # (reports before 0.1.0 name no evidence)
     return ThresholdDecision(**{k: d.get(k) for k in own}, decision=Decision(d["decision"]), reason=Reason(d["why"]),
-                             interval=None if interval is None else tuple(interval), across=across)
+                             interval=None if interval is None else tuple(interval), across=across,
+                             evidence=None if evidence is None else Evidence(evidence))
 
 
 def _left_out_of(x: Mapping) -> LeftOut:

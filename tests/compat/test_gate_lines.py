@@ -1,0 +1,137 @@
+"""The gate's sentences against lines written out by hand (issue 95): every branch of `decision_line` (breach, clear,
+undecided beyond / within / at the threshold, raw values, "some task"), every way `_reach` says how far the data
+reach, thresholds as written (`0.799%`), `headline`'s and `describe`'s whole text and the exit status of each
+outcome. The decisions are built here field by field, so the expected text depends on nothing the program computed."""
+
+import pytest
+
+from adaptguard.compat.gate import decision_line, describe, exit_status, headline
+from adaptguard.compat.verdicts import Across, Decision, Evidence, Gate, LeftOut, Reason, ThresholdDecision
+
+B, U, C = Decision.BREACH, Decision.UNDECIDED, Decision.CLEAR
+TEST = "exact binomial test"
+
+
+def nfr(decision, reason, value, **kw):
+    return ThresholdDecision(task="arc", expr="nfr>2%", metric="nfr", op=">", threshold=0.02, value=value,
+                             decision=decision, reason=reason, **kw)
+
+
+LINES = [
+    (nfr(B, Reason.SUPPORTED, 0.031, p_value=0.012345, p_within=0.99, test=TEST, interval=(0.021, 0.045), level=0.9),
+     "arc: nfr = 3.10% > 2.00% (p = 0.0123, exact binomial test; 90 % interval 2.10% to 4.50%)  [nfr>2%]"),
+    (nfr(C, Reason.SHOWN_WITHIN, 0.005, p_value=0.999, p_within=0.00321, test=TEST, interval=(0.001, 0.012),
+         level=0.9),
+     "arc: nfr = 0.50% < 2.00% shown (p = 0.00321, exact binomial test; 90 % interval 0.10% to 1.20%)  [nfr>2%]"),
+    (nfr(U, Reason.BEYOND_NOT_SIGNIFICANT, 0.024, p_value=0.2134, p_within=0.9, test=TEST, mde=0.015),
+     "arc: nfr = 2.40% > 2.00% but not significantly (p = 0.213 ≥ α, exact binomial test; the data detect a change "
+     "of 1.50% at 80 % power: add items or runs)  [nfr>2%]"),
+    (ThresholdDecision(task="mmlu", expr="mmlu:btc<95%", metric="btc", op="<", threshold=0.95, value=0.97,
+                       decision=U, reason=Reason.WITHIN_NOT_SHOWN, p_value=0.95, p_within=0.08, test=TEST,
+                       items_needed=12345),
+     "mmlu: btc = 97.00% ≥ 95.00% but not shown above it (p = 0.08 ≥ α, exact binomial test; at the rate seen, "
+     "about 12,345 items would decide it)  [mmlu:btc<95%]"),
+    (nfr(U, Reason.AT_THRESHOLD, 0.02, p_value=0.52, p_within=0.61, test=TEST, evidence=Evidence.ONE_RUN),
+     "arc: nfr = 2.00%, exactly the threshold: not beyond it, nor shown below it (p = 0.52 beyond, 0.61 below, both "
+     "≥ α, exact binomial test; the value seen equals the threshold: no number of items decides it at this value)"
+     "  [nfr>2%]"),
+    (nfr(U, Reason.AT_THRESHOLD, 0.02, p_value=0.52, p_within=0.61, test=TEST, mde=0.0312),
+     "arc: nfr = 2.00%, exactly the threshold: not beyond it, nor shown below it (p = 0.52 beyond, 0.61 below, both "
+     "≥ α, exact binomial test; the data detect a change of 3.12% at 80 % power, but at the value seen no number of "
+     "items or runs decides it)  [nfr>2%]"),
+    (nfr(U, Reason.BEYOND_NOT_SIGNIFICANT, 0.021, p_value=0.4, p_within=0.7, test=TEST, evidence=Evidence.ONE_RUN),
+     "arc: nfr = 2.10% > 2.00% but not significantly (p = 0.4 ≥ α, exact binomial test; at the rate seen, more than "
+     "10,000,000 items would be needed to decide it)  [nfr>2%]"),
+    (nfr(U, Reason.WITHIN_NOT_SHOWN, 0.0, p_value=1.0, p_within=0.3, test="group", evidence=Evidence.GROUP),
+     "arc: nfr = 0.00% ≤ 2.00% but not shown below it (p = 0.3 ≥ α, group; no change was seen to plan from: add "
+     "items or runs)  [nfr>2%]"),
+    (nfr(U, Reason.WITHIN_NOT_SHOWN, 0.01, p_value=1.0, p_within=0.3, test="group", evidence=Evidence.GROUP),
+     "arc: nfr = 1.00% ≤ 2.00% but not shown below it (p = 0.3 ≥ α, group; add items or runs to decide it)"
+     "  [nfr>2%]"),
+    # --significance off: raw values
+    (nfr(B, Reason.BEYOND, 0.031), "arc: nfr = 3.10% > 2.00%  [nfr>2%]"),
+    (nfr(C, Reason.WITHIN, 0.01), "arc: nfr = 1.00% ≤ 2.00%  [nfr>2%]"),
+    (nfr(C, Reason.AT_THRESHOLD_RAW, 0.02), "arc: nfr = 2.00%, exactly the threshold: not beyond it  [nfr>2%]"),
+    (ThresholdDecision(task="arc", expr="acc_drop<-1%", metric="acc_drop", op="<", threshold=-0.01, value=0.0,
+                       decision=C, reason=Reason.WITHIN), "arc: acc_drop = 0.00% ≥ -1.00%  [acc_drop<-1%]"),
+    # thresholds as written: more decimals where they have them
+    (ThresholdDecision(task="arc", expr="nfr>0.799%", metric="nfr", op=">", threshold=0.00799, value=0.0081,
+                       decision=B, reason=Reason.BEYOND), "arc: nfr = 0.81% > 0.799%  [nfr>0.799%]"),
+    (ThresholdDecision(task="arc", expr="nfr>12.3456%", metric="nfr", op=">", threshold=0.123456, value=0.123456,
+                       decision=C, reason=Reason.AT_THRESHOLD_RAW),
+     "arc: nfr = 12.3456%, exactly the threshold: not beyond it  [nfr>12.3456%]"),
+    # a metric not in rate units: four significant digits, no %
+    (ThresholdDecision(task="gen", expr="m_r>0.5", metric="m_r", op=">", threshold=0.5, value=0.123456,
+                       decision=C, reason=Reason.SHOWN_WITHIN, p_value=0.9, p_within=0.001, test="t test"),
+     "gen: m_r = 0.1235 < 0.5 shown (p = 0.001, t test)  [m_r>0.5]"),
+    # across tasks: the pooled drop, or some task
+    (ThresholdDecision(task="overall", expr="overall:acc_drop>0.5%", metric="acc_drop", op=">", threshold=0.005,
+                       value=0.031, decision=B, reason=Reason.SOME_TASK, p_value=0.004, p_within=0.9,
+                       test="pooled, max-drop and Fisher tests", across=Across("some_task", "mmlu_x")),
+     "overall: some task dropped more than 0.50% (most: mmlu_x, acc_drop = 3.10%) (max-drop/Fisher p = 0.004, "
+     "pooled, max-drop and Fisher tests)  [overall:acc_drop>0.5%]"),
+    (ThresholdDecision(task="overall", expr="overall:acc_drop>0.5%", metric="acc_drop", op=">", threshold=0.005,
+                       value=0.012, decision=B, reason=Reason.SUPPORTED, p_value=0.004, p_within=0.9,
+                       test="pooled test", across=Across("pooled")),
+     "overall: acc_drop = 1.20% > 0.50% (p = 0.004, pooled test)  [overall:acc_drop>0.5%]"),
+]
+
+
+@pytest.mark.parametrize("decision, line", LINES, ids=[line.split("  [")[0][:60] for _, line in LINES])
+def test_each_decision_reads_as_written_by_hand(decision, line):
+    assert decision_line(decision) == line
+    assert decision_line(dict(decision)) == line  # as report.json holds it
+
+
+def test_headline_describe_and_exit_status_of_each_outcome():
+    breach, clear, undecided = LINES[0][0], LINES[1][0], LINES[2][0]
+    churn = LeftOut.churn("hard", "nfr>2%")
+    gate = Gate(0.05, ["nfr>2%"], [breach, undecided, clear], [churn], ["hard"])
+    assert describe(gate) == (
+        "gate: FAILED, a breach the data support (1 breach, 1 undecided, 1 clear; 1 (task, threshold) pair left out);"
+        " breach: its one-sided test at p < 0.05; clear: the opposite test at p < 0.05:\n"
+        f"  breach: {LINES[0][1]}\n"
+        f"  undecided: {LINES[2][1]}\n"
+        "  left out: hard (churn: nothing shows either model above guessing, nor flips beyond what guessing makes "
+        "(--include-churn counts them))")
+    assert exit_status(gate) == 1
+    gate = Gate(0.05, ["nfr>2%"], [undecided, clear])
+    assert describe(gate) == (
+        "gate: UNDECIDED, no breach but not every threshold could be decided (0 breach, 1 undecided, 1 clear); "
+        "breach: its one-sided test at p < 0.05; clear: the opposite test at p < 0.05:\n"
+        f"  undecided: {LINES[2][1]}")
+    assert exit_status(gate) == 3
+    gate = Gate(0.05, ["nfr>2%"], [clear])
+    assert describe(gate) == ("gate: passed, every threshold clear (0 breach, 0 undecided, 1 clear); breach: its "
+                              "one-sided test at p < 0.05; clear: the opposite test at p < 0.05")
+    assert exit_status(gate) == 0
+    gate = Gate(0.05, ["nfr>2%"], [clear], [LeftOut.undefined("gen", "nfr>2%", "nfr")])
+    assert headline(gate) == ("gate: passed, every threshold decided is clear (0 breach, 0 undecided, 1 clear; "
+                              "1 (task, threshold) pair left out)")
+    assert exit_status(gate) == 0
+    # nothing left to decide: undecided, and the reasons said once
+    gate = Gate(0.05, ["nfr>2%"], [], [churn, LeftOut.undefined("gen", "nfr>2%", "nfr"),
+                                       LeftOut.undefined("gen2", "nfr>2%", "nfr")])
+    assert describe(gate) == (
+        "gate: UNDECIDED, no breach but not every threshold could be decided (0 breach, 0 undecided, 0 clear; "
+        "3 (task, threshold) pairs left out); breach: its one-sided test at p < 0.05; clear: the opposite test at "
+        "p < 0.05:\n"
+        "  no (task, threshold) was left to decide: gen2: nfr is not defined on this task; gen: nfr is not defined on "
+        "this task; hard: churn: nothing shows either model above guessing, nor flips beyond what guessing makes "
+        "(--include-churn counts them)")
+    assert exit_status(gate) == 3
+
+
+def test_raw_values_never_say_the_data_support_anything():
+    beyond, within = LINES[9][0], LINES[10][0]
+    gate = Gate(None, ["nfr>2%"], [beyond, within])
+    assert describe(gate) == (
+        "gate: FAILED, a value beyond its threshold (raw values, no test; 1 breach, 0 undecided, 1 clear); "
+        "--significance off: breach where a value is beyond its threshold, clear otherwise:\n"
+        f"  breach: {LINES[9][1]}")
+    assert exit_status(gate) == 1
+    assert headline(Gate(None, ["nfr>2%"], [within])) == (
+        "gate: passed, no value beyond its threshold (raw values, no test; 0 breach, 0 undecided, 1 clear)")
+    assert headline(Gate(None, ["nfr>2%"], [within], [LeftOut.undefined("gen", "nfr>2%", "nfr")])) == (
+        "gate: passed, no value decided is beyond its threshold (raw values, no test; 0 breach, 0 undecided, 1 clear; "
+        "1 (task, threshold) pair left out)")
