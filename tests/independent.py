@@ -16,7 +16,8 @@ from functools import cache
 
 import numpy as np
 from scipy import integrate
-from scipy.optimize import brentq
+from scipy.optimize import brentq, minimize_scalar
+from scipy.special import gammaln
 from scipy.stats import binom, binomtest, norm
 
 
@@ -155,13 +156,76 @@ def tango_z(b: int, c: int, n: int, margin: float) -> float:
     return ((b - c) / n - margin) / math.sqrt(var) if var > 0 else math.nan
 
 
+def tango_z_array(b, c, n: int, margin: float):
+    """`tango_z` over arrays of counts (the same closed form, numpy)."""
+    b, c = np.asarray(b, float), np.asarray(c, float)
+    a, bb, cc = 2 * n, -b - c + margin * (2 * n - b + c), -c * margin * (1 - margin)
+    q = (-bb + np.sqrt(np.maximum(0.0, bb * bb - 4 * a * cc))) / (2 * a)
+    var = (2 * q + margin * (1 - margin)) / n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(var > 0, ((b - c) / n - margin) / np.sqrt(np.where(var > 0, var, 1.0)), np.nan)
+
+
+def margin_p(b: int, c: int, n: int, margin: float, greater: bool, points: int = 2001) -> float:
+    """The exact unconditional p by brute force, independently of `_margin_tail`: the extreme region from Tango's z
+    on every table (b′, c′); its probability under the trinomial (ν + margin, ν, rest) directly from the log-pmf of
+    every table for n ≤ 300, and for larger n summed per number of changed items m (the trinomial factored as
+    Binom(m; n, 2ν + margin) · Binom(b′; m, (ν + margin)/(2ν + margin))); the sup over ν on a fine grid, then refined
+    by a bounded search around every local maximum of the grid."""
+    z_obs = float(tango_z_array(b, c, n, margin))
+    tol = 1e-9 * max(1.0, abs(z_obs))
+    lo, hi = max(0.0, -margin), (1 - margin) / 2
+    if n <= 300:
+        x, y = (a.ravel() for a in np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij"))
+        x, y = x[x + y <= n], y[x + y <= n]
+        z = tango_z_array(x, y, n, margin)
+        keep = z >= z_obs - tol if greater else z <= z_obs + tol
+        x, y = x[keep].astype(float), y[keep].astype(float)
+        r = n - x - y
+        log_coef = gammaln(n + 1) - gammaln(x + 1) - gammaln(y + 1) - gammaln(r + 1)
+
+        def tail(nu):
+            nu = np.atleast_1d(np.asarray(nu, dtype=float))[:, None]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                terms = (log_coef + np.where(x > 0, x * np.log(nu + margin), 0.0) + np.where(y > 0, y * np.log(nu), 0.0)
+                         + np.where(r > 0, r * np.log(np.maximum(1 - 2 * nu - margin, 0.0)), 0.0))
+            return np.exp(terms).sum(1)
+    else:
+        m = np.arange(n + 1)
+        first = np.empty(n + 1, dtype=int)  # per m, the region's b′: greater, b′ ≥ first; less, b′ < first
+        for k in range(n + 1):
+            bs = np.arange(k + 1)
+            z = tango_z_array(bs, k - bs, n, margin)
+            inside = z >= z_obs - tol if greater else z <= z_obs + tol
+            first[k] = (bs[inside].min() if inside.any() else k + 1) if greater else \
+                (bs[inside].max() + 1 if inside.any() else 0)
+
+        def tail(nu):
+            nu = np.atleast_1d(np.asarray(nu, dtype=float))[:, None]
+            s = np.clip(2 * nu + margin, 0.0, 1.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                pi = np.where(s > 0, np.clip((nu + margin) / s, 0.0, 1.0), 1.0)
+            inner = binom.sf(first - 1, m, pi) if greater else binom.cdf(first - 1, m, pi)
+            return (binom.pmf(m, n, s) * inner).sum(1)
+
+    grid = np.linspace(lo, hi, points)
+    values = np.concatenate([tail(chunk) for chunk in np.array_split(grid, max(1, points // 100))])
+    best = float(values.max())
+    peaks = [i for i in range(points) if values[i] >= values[max(i - 1, 0)] and values[i] >= values[min(i + 1, points - 1)]]
+    for i in peaks:
+        found = minimize_scalar(lambda nu: -float(tail(nu)[0]), bounds=(grid[max(i - 1, 0)], grid[min(i + 1, points - 1)]),
+                                method="bounded", options={"xatol": 1e-13})
+        best = max(best, -found.fun)
+    return best
+
+
 def fixed_n_p(metric: str, b: int, c: int, big_n: int, m_r: int, theta: float, greater: bool) -> float:
     """The fixed-n test on all N items (the items left out counting no flip): new_acc's binomial test, acc_drop's
-    exact McNemar (margin 0 only: the margin's exact unconditional test is not written out here), the rates'."""
+    exact McNemar (margin 0) or exact unconditional test (`margin_p`), the rates'."""
     if metric == "acc_drop":
-        if theta != 0:
-            raise NotImplementedError("acc_drop against a margin other than 0")
-        return mcnemar_p(b, c, greater)
+        if abs(theta) >= 1:  # no drop exceeds 1 or falls below −1
+            return (1.0 if greater else float(b == big_n)) if theta >= 1 else (float(c == big_n) if greater else 1.0)
+        return mcnemar_p(b, c, greater) if theta == 0 else margin_p(b, c, big_n, theta, greater)
     k, n = {"new_acc": (m_r - b + c, big_n), "nfr": (b, big_n), "pfr": (c, big_n), "btc": (m_r - b, m_r),
             "old_acc": (m_r, big_n)}[metric]
     return rate_p(k, n, theta, greater)

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from independent import margin_p
 from scipy.optimize import minimize_scalar
 from scipy.stats import binom, chi2
 
@@ -87,61 +88,6 @@ def test_the_margin_test_is_the_exact_unconditional_tail_by_brute_force(b, c, n,
         assert paired_drop_p(b, c, n, margin, alternative) == pytest.approx(best, rel=1e-4, abs=1e-9)
 
 
-def _sup_by_brute_force(b, c, n, margin, greater, points=2001):
-    """The exact unconditional p by brute force, independently of `_margin_tail`: the extreme region from Tango's z
-    on every table (b′, c′); its probability under the trinomial (ν + margin, ν, rest) directly from the log-pmf of
-    every table for n ≤ 300, and for larger n summed per number of changed items m (the trinomial factored as
-    Binom(m; n, 2ν + margin) · Binom(b′; m, (ν + margin)/(2ν + margin))); the sup over ν on a fine grid, then refined
-    by a bounded search around every local maximum of the grid."""
-    from scipy.special import gammaln
-
-    z_obs = float(tango_z(b, c, n, margin))
-    tol = 1e-9 * max(1.0, abs(z_obs))
-    lo, hi = max(0.0, -margin), (1 - margin) / 2
-    if n <= 300:
-        x, y = (a.ravel() for a in np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij"))
-        x, y = x[x + y <= n], y[x + y <= n]
-        z = tango_z(x, y, n, margin)
-        keep = z >= z_obs - tol if greater else z <= z_obs + tol
-        x, y = x[keep].astype(float), y[keep].astype(float)
-        r = n - x - y
-        log_coef = gammaln(n + 1) - gammaln(x + 1) - gammaln(y + 1) - gammaln(r + 1)
-
-        def tail(nu):
-            nu = np.atleast_1d(np.asarray(nu, dtype=float))[:, None]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                terms = (log_coef + np.where(x > 0, x * np.log(nu + margin), 0.0) + np.where(y > 0, y * np.log(nu), 0.0)
-                         + np.where(r > 0, r * np.log(np.maximum(1 - 2 * nu - margin, 0.0)), 0.0))
-            return np.exp(terms).sum(1)
-    else:
-        m = np.arange(n + 1)
-        first = np.empty(n + 1, dtype=int)  # per m, the region's b′: greater, b′ ≥ first; less, b′ < first
-        for k in range(n + 1):
-            bs = np.arange(k + 1)
-            z = tango_z(bs, k - bs, n, margin)
-            inside = z >= z_obs - tol if greater else z <= z_obs + tol
-            first[k] = (bs[inside].min() if inside.any() else k + 1) if greater else \
-                (bs[inside].max() + 1 if inside.any() else 0)
-
-        def tail(nu):
-            nu = np.atleast_1d(np.asarray(nu, dtype=float))[:, None]
-            s = np.clip(2 * nu + margin, 0.0, 1.0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                pi = np.where(s > 0, np.clip((nu + margin) / s, 0.0, 1.0), 1.0)
-            inner = binom.sf(first - 1, m, pi) if greater else binom.cdf(first - 1, m, pi)
-            return (binom.pmf(m, n, s) * inner).sum(1)
-
-    grid = np.linspace(lo, hi, points)
-    values = np.concatenate([tail(chunk) for chunk in np.array_split(grid, max(1, points // 100))])
-    best = float(values.max())
-    peaks = [i for i in range(points) if values[i] >= values[max(i - 1, 0)] and values[i] >= values[min(i + 1, points - 1)]]
-    for i in peaks:
-        found = minimize_scalar(lambda nu: -float(tail(nu)[0]), bounds=(grid[max(i - 1, 0)], grid[min(i + 1, points - 1)]),
-                                method="bounded", options={"xatol": 1e-13})
-        best = max(best, -found.fun)
-    return best
-
-
 @pytest.mark.parametrize("b, c, n, margin", [
     (40, 20, 300, 0.10),  # the sup's highest of two peaks, missed by a grid refined around its best point
     (3, 0, 10, 0.05), (1, 3, 12, -0.1), (0, 0, 5, 0.3), (5, 1, 12, 0.1),  # small n
@@ -157,7 +103,7 @@ def test_the_margin_tests_supremum_is_global_by_brute_force(b, c, n, margin):
     force over a 2001-point grid refined at every local maximum, on tables at the edges, both alternatives."""
     for alternative in ("greater", "less"):
         ours = paired_drop_p(b, c, n, margin, alternative)
-        brute = _sup_by_brute_force(b, c, n, margin, alternative == "greater")
+        brute = margin_p(b, c, n, margin, alternative == "greater")
         assert brute - 1e-12 <= ours <= brute + 1e-6, (alternative, ours, brute)
 
 
