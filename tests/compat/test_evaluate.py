@@ -5,10 +5,13 @@ set by hand (all right, or all wrong), so every decision below is far from any f
 
 import json
 import random
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from in_process import run_lm_eval_cli
+from independent import Ambiguous, agrapa_wealth, group_decision, mixture_e_value
 
 from adaptguard.cli.main import main
 
@@ -71,6 +74,53 @@ def record(out):
     return json.loads((Path(out) / "sequential.json").read_text())["tasks"]["t_mc"]
 
 
+def answers(folder) -> dict[int, bool]:
+    (samples,) = Path(folder).glob("samples_t_mc_*.jsonl")
+    return {s["doc_id"]: s["acc"] == 1 for s in map(json.loads, samples.read_text().splitlines())}
+
+
+def parsed(expr: str) -> tuple[str, str, float]:
+    metric, op, value = re.fullmatch(r"(\w+)([<>])(-?[\d.]+)%", expr).groups()
+    return metric, op, float(value) / 100
+
+
+def by_hand(baseline, out, expr: str) -> str:
+    """The run's decision on `expr` by tests/independent.py from its record and samples alone: the old and new
+    answers in the order evaluated and the looks, through the group design's boundaries and fixed-n test written
+    there (`--design group`), or the anytime e-values at each look (`--design anytime`: the mixture for a rate, the
+    aGRAPA wealth for acc_drop). None where a score lies within the program's grid resolution of its boundary
+    (test_sequential_decisions.GRID): no exact decision to hold the run to."""
+    data = json.loads((Path(out) / "sequential.json").read_text())
+    t = data["tasks"]["t_mc"]
+    old_all, new_all = answers(baseline), answers(out)
+    order = t["order"][: t["done"]]
+    old, new = np.array([old_all[d] for d in order]), np.array([new_all[d] for d in order])
+    metric, op, theta = parsed(expr)
+    m_r = sum(old_all.values())
+    if data["settings"].get("design", "anytime") == "group":
+        try:
+            return group_decision(old, new, t["looks"], N, m_r, N - m_r, metric, theta, op, 0.05,
+                                  tolerance=(0.01, 0.035))["decision"]
+        except Ambiguous:
+            return None
+    p = []
+    for greater in (op == ">", op != ">"):
+        if metric == "acc_drop":
+            wealth = agrapa_wealth(old.astype(float) - new.astype(float), theta, greater)
+            e = [wealth[n - 1] for n in t["looks"]]
+        else:
+            k = {"nfr": lambda n: int(np.sum(old[:n] & ~new[:n])), "pfr": lambda n: int(np.sum(~old[:n] & new[:n]))}
+            e = [mixture_e_value(k[metric](n), n, theta, greater) for n in t["looks"]]
+        p.append(min(1.0, 1 / max(e)))
+    return "breach" if p[0] < 0.05 else "clear" if p[1] < 0.05 else "undecided"
+
+
+def exit_of(decisions: dict[str, str]) -> int:
+    """evaluate's exit status for its decisions: 1 on a breach, else 3 on an undecided one (or none), else 0."""
+    kinds = set(decisions.values())
+    return 1 if "breach" in kinds else 3 if "undecided" in kinds or not kinds else 0
+
+
 def compare_decisions(capsys, baseline, out, *exprs):
     report = Path(out).parent / f"{Path(out).name}.json"
     main(["compare", str(baseline), str(out), *[x for e in exprs for x in ("--fail-on", e)], "--json", str(report)])
@@ -85,6 +135,7 @@ def test_a_breach_stops_at_the_first_look_and_compare_agrees(runs, embedded_path
     t = record(tmp_path / "out")
     assert code == 1 and t["status"] == "decided" and t["done"] == 40 and t["looks"] == [40]
     assert t["decisions"] == {"nfr>5%": "breach"} and "t_mc: 40/120 items (decided); nfr" in printed
+    assert by_hand(runs / "right", tmp_path / "out", "nfr>5%") == "breach"
     (samples,) = (tmp_path / "out").glob("samples_t_mc_*.jsonl")
     docs = [json.loads(x)["doc_id"] for x in samples.read_text().splitlines()]
     assert sorted(docs) == sorted(t["order"][:40])  # an lm-eval run of the documents evaluated, in its format
@@ -97,10 +148,12 @@ def test_a_clear_stops_early_too(runs, embedded_path, tmp_path, capsys):
     code = evaluate(runs, embedded_path, tmp_path / "out", "right", "nfr>98%")
     t = record(tmp_path / "out")
     assert code == 0 and t["done"] == 40 and t["decisions"] == {"nfr>98%": "clear"}
+    assert by_hand(runs / "right", tmp_path / "out", "nfr>98%") == "clear"
     assert compare_decisions(capsys, runs / "right", tmp_path / "out", "nfr>98%") == t["decisions"]
     code = evaluate(runs, embedded_path, tmp_path / "out2", "wrong", "acc_drop>50%")
     t = record(tmp_path / "out2")
     assert code == 0 and t["done"] == 40 and t["decisions"] == {"acc_drop>50%": "clear"}
+    assert by_hand(runs / "wrong", tmp_path / "out2", "acc_drop>50%") in ("clear", None)
     assert compare_decisions(capsys, runs / "wrong", tmp_path / "out2", "acc_drop>50%") == t["decisions"]
 
 
@@ -110,7 +163,8 @@ def test_exhausted_items_leave_the_threshold_undecided(runs, embedded_path, tmp_
     code = evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%")
     t = record(tmp_path / "out")
     assert code == 3 and t["status"] == "exhausted" and t["done"] == N and t["looks"] == [40, 80, 120]
-    assert t["decisions"] == {"pfr>0.5%": "undecided"}
+    assert t["decisions"] == {"pfr>0.5%": "undecided"} == {"pfr>0.5%": by_hand(runs / "right", tmp_path / "out",
+                                                                              "pfr>0.5%")}
 
 
 def test_a_killed_run_resumes_where_it_stopped(runs, embedded_path, tmp_path, capsys, monkeypatch):
@@ -212,6 +266,7 @@ def test_a_task_whose_flips_are_left_out_as_churn_keeps_going(runs, embedded_pat
     t = record(tmp_path / "out")
     assert code == 0 and t["status"] == "exhausted" and t["done"] == N and t["looks"] == [40, 80, 120], printed
     assert t["decisions"] == {"acc_drop>50%": "clear"} and t["left_out"] == {"nfr>5%": "churn"}
+    assert by_hand(runs / "wrong", tmp_path / "out", "acc_drop>50%") in ("clear", None)
     assert "t_mc: 40/120 items (running); nfr>5%: left out (churn so far)" in printed
     assert "t_mc: 120/120 items (exhausted); nfr>5%: left out (churn);" in printed
     assert "left out: t_mc (churn: " in printed
@@ -299,15 +354,19 @@ def test_a_flip_rate_evaluates_only_the_items_that_can_flip(runs, embedded_path,
     assert set(left["docs"]) == {d for d in range(N) if d % 2 != parity} and reason in left["why"]
     assert f"/{N // 2} of {N} items" in printed
     assert f"not evaluated: t_mc, {N // 2} of {N} items — the old model got it" in printed
-    assert code == {"breach": 1, "clear": 0, "undecided": 3}[t["decisions"][expr]]
+    assert code == exit_of(t["decisions"]) and t["decisions"][expr] == by_hand(mixed, tmp_path / "out", expr)
     assert compare_decisions(capsys, mixed, tmp_path / "out", expr) == t["decisions"]
     main(["compare", str(mixed), str(tmp_path / "out")])
     assert " → –" in capsys.readouterr().out  # the new model's accuracy was not measured
 
 
 def test_acc_drop_evaluates_both_strata_in_proportion(runs, embedded_path, tmp_path, capsys, mixed):
-    evaluate(runs, embedded_path, tmp_path / "out", "mixed", "acc_drop>1%")
+    """acc_drop needs both strata: they are evaluated in proportion, and the decision is the score design's written
+    in tests/independent.py (its exact unconditional test against the 1 % margin once every item is done)."""
+    code = evaluate(runs, embedded_path, tmp_path / "out", "mixed", "acc_drop>1%")
     t = record(tmp_path / "out")
+    assert by_hand(mixed, tmp_path / "out", "acc_drop>1%") in (t["decisions"]["acc_drop>1%"], None)
+    assert code == exit_of(t["decisions"])
     docs = evaluated_docs(tmp_path / "out")
     assert t["not_evaluated"] == [] and len(t["order"]) == N
     even = sum(d % 2 == 0 for d in docs)
@@ -322,8 +381,9 @@ def test_the_last_look_decides_as_compare_on_all_items(runs, embedded_path, tmp_
     exprs = ("nfr>35%", "nfr>40%", "pfr>10%")
     whole = compare_decisions(capsys, mixed, full, *exprs)
     for i, expr in enumerate(exprs):
-        evaluate(runs, embedded_path, tmp_path / f"out{i}", "mixed", expr)
+        code = evaluate(runs, embedded_path, tmp_path / f"out{i}", "mixed", expr)
         t = record(tmp_path / f"out{i}")
+        assert t["decisions"] == {expr: by_hand(mixed, tmp_path / f"out{i}", expr)} and code == exit_of(t["decisions"])
         if t["status"] != "decided" or t["done"] == N // 2:  # stopped early: only the opposite would be wrong
             assert {t["decisions"][expr], whole[expr]} != {"breach", "clear"}
         if t["done"] == N // 2:
@@ -356,9 +416,12 @@ def test_a_kill_in_the_middle_of_a_stratum_resumes_to_the_uninterrupted_result(r
 def test_the_anytime_design_visits_every_item_and_bets_adaptively(runs, embedded_path, tmp_path, capsys, mixed):
     """`--design anytime`: every item in random order (none left out), acc_drop by the aGRAPA betting e-process, and
     `compare` on the output takes the same decisions."""
-    evaluate(runs, embedded_path, tmp_path / "out", "mixed", "nfr>5%", "acc_drop>60%", extra=("--design", "anytime"))
+    code = evaluate(runs, embedded_path, tmp_path / "out", "mixed", "nfr>5%", "acc_drop>60%",
+                    extra=("--design", "anytime"))
     data = json.loads((tmp_path / "out" / "sequential.json").read_text())
     t = data["tasks"]["t_mc"]
+    assert t["decisions"] == {x: by_hand(mixed, tmp_path / "out", x) for x in ("nfr>5%", "acc_drop>60%")}
+    assert code == exit_of(t["decisions"])
     assert data["settings"]["bet"] == "agrapa" and "not_evaluated" not in t and sorted(t["order"]) == list(range(N))
     assert {d % 2 for d in evaluated_docs(tmp_path / "out")} == {0, 1}
     assert compare_decisions(capsys, mixed, tmp_path / "out", "nfr>5%", "acc_drop>60%") == t["decisions"]
