@@ -2,9 +2,14 @@
 the shipped pair (`example:fp32` → `example:int8`) `nfr>10%` is a breach, `nfr>30%` undecided, `nfr>50%` clear —
 each test fails, skips or passes as the gate decides, with the gate's own lines; bad input is one line."""
 
+import json
+import math
+import re
 import sys
+from pathlib import Path
 
 import pytest
+from scipy.stats import binomtest
 
 from adaptguard.testing import GateInputError, assert_compatible, take_checked
 
@@ -18,11 +23,29 @@ def compare_imported():
     assert_compatible("example:fp32", "example:int8", "nfr>50%")
     take_checked()  # not a gate of this suite's
 
-BREACH = ("bb_general_knowledge: nfr = 28.99% > 10.00% (p = 8.87e-06, exact one-sided binomial on the item counts; "
-          "90 % interval 20.11% to 39.27%)  [nfr>10%]")
-UNDECIDED = ("bb_general_knowledge: nfr = 28.99% ≤ 30.00% but not shown below it (p = 0.486 ≥ α, exact one-sided "
-             "binomial on the item counts; 90 % interval 20.11% to 39.27%; at the rate seen, about 5,658 items would "
-             "decide it)  [nfr>30%]")
+def flips(task: str) -> tuple[int, int]:
+    """(right → wrong flips, items) of a shipped task, counted from the two lm-eval sample files' `acc`."""
+    from adaptguard.compat.reading.runs import example_run_path
+
+    acc = [{r["doc_id"]: r["acc"] for r in map(json.loads, next(
+        Path(example_run_path(f"example:{side}")).glob(f"samples_{task}_*.jsonl")).read_text().splitlines())}
+        for side in ("fp32", "int8")]
+    return sum(acc[0][d] == 1 and acc[1][d] == 0 for d in acc[0]), len(acc[0])
+
+
+# the gate's lines on bb_general_knowledge, written from the counts with scipy: nfr k/n, the exact one-sided binomial
+# test's p, the 90 % Clopper–Pearson interval
+K, N_ITEMS = flips("bb_general_knowledge")
+LOW, HIGH = binomtest(K, N_ITEMS).proportion_ci(0.9, method="exact")
+CI = f"90 % interval {100 * LOW:.2f}% to {100 * HIGH:.2f}%"
+P_BREACH = binomtest(K, N_ITEMS, 0.10, alternative="greater").pvalue
+P_WITHIN = binomtest(K, N_ITEMS, 0.30, alternative="less").pvalue
+BREACH = (f"bb_general_knowledge: nfr = {100 * K / N_ITEMS:.2f}% > 10.00% (p = {P_BREACH:.3g}, exact one-sided "
+          f"binomial on the item counts; {CI})  [nfr>10%]")
+UNDECIDED = re.compile(
+    re.escape(f"bb_general_knowledge: nfr = {100 * K / N_ITEMS:.2f}% ≤ 30.00% but not shown below it (p = "
+              f"{P_WITHIN:.3g} ≥ α, exact one-sided binomial on the item counts; {CI}; at the rate seen, about ")
+    + r"(?P<items>[\d,]+)" + re.escape(" items would decide it)  [nfr>30%]"))
 BAD_RULE = "adaptguard: --fail-on 'nfr>10': nfr is a rate (the table prints it in %): write 10% or 0.1"
 
 SUITE = """
@@ -65,8 +88,15 @@ def test_each_decision_fails_skips_or_passes_the_test_with_the_gates_lines(pytes
     assert "E       AssertionError: gate: UNDECIDED, no breach but not every threshold could be decided (0 breach, 1 " \
            "undecided, 1 clear); breach: its one-sided test at p < 0.05; clear: the opposite test at p < 0.05:" \
            in failure(result, "test_undecided_fails")
-    # the skip names the test's line (not the library's) and says how far the data reach
-    assert f"SKIPPED [1] test_gates.py:10: undecided: {UNDECIDED}" in result.stdout.lines
+    # the skip names the test's line (not the library's) and says how far the data reach: the items at which the
+    # rate seen would be shown below 30 % (to the 1 % the plan is rounded to)
+    (skip,) = [x for x in result.stdout.lines if x.startswith("SKIPPED [1] test_gates.py:10: undecided: ")]
+    items = int(UNDECIDED.fullmatch(skip.removeprefix("SKIPPED [1] test_gates.py:10: undecided: "))["items"].replace(",", ""))
+
+    def shown_below(m):  # the count at the rate seen over m items, rounded toward H0 (up)
+        return binomtest(math.ceil(K / N_ITEMS * m - 1e-9), m, 0.30, alternative="less").pvalue < 0.05
+
+    assert shown_below(items) and not shown_below(int(items / 1.02))
     # every gate checked, in the order run, with its decision and what it did to the test
     section = result.stdout.lines[result.stdout.lines.index(next(x for x in result.stdout.lines if "adaptguard gates" in x)) + 1:]
     assert section[:5] == [
@@ -144,6 +174,30 @@ def test_assert_compatible_reads_what_compare_reads(tmp_path):
     assert str(err.value) == "adaptguard: undecided='maybe': give one of fail, skip, pass"
     with pytest.raises(TypeError, match="unknown option colour"):
         assert_compatible("example:fp32", "example:int8", "nfr>50%", colour="red")
+    take_checked()  # this test's gates are not the suite's
+
+
+def test_the_significance_argument_is_the_tests_level():
+    """`nfr>10%` on bb_general_knowledge has p = P_BREACH (scipy's binomtest on its counts): a breach at a level
+    above it, undecided below it; "off" and None compare raw values (28.99 % > 10 %: beyond); a level outside (0, 1)
+    is refused in one line."""
+    one = {"tasks": "bb_general_*"}
+    with pytest.raises(AssertionError, match=r"^gate: FAILED, a breach the data support \(1 breach"):
+        assert_compatible("example:fp32", "example:int8", "nfr>10%", significance=P_BREACH * 1.5, **one)
+    gate = assert_compatible("example:fp32", "example:int8", "nfr>10%", significance=P_BREACH / 1.5,
+                             undecided="pass", **one)
+    (d,) = gate["decisions"]
+    assert (d["decision"], d["p_value"]) == ("undecided", pytest.approx(P_BREACH, rel=1e-9))
+    for off in ("off", "OFF", None):
+        with pytest.raises(AssertionError, match=r"^gate: FAILED, a value beyond its threshold \(raw values, no test"):
+            assert_compatible("example:fp32", "example:int8", "nfr>10%", significance=off, **one)
+    gate = assert_compatible("example:fp32", "example:int8", "nfr>50%", significance="off", **one)
+    assert [(d["decision"], d["why"], d["p_value"]) for d in gate["decisions"]] == [
+        ("clear", "within the threshold", None)]
+    for bad in (0, 1, 1.5, -0.1, "0.05"):
+        with pytest.raises(GateInputError) as err:
+            assert_compatible("example:fp32", "example:int8", "nfr>10%", significance=bad)
+        assert str(err.value) == f"adaptguard: significance={bad!r}: give a level in (0, 1) such as 0.05, or 'off'"
     take_checked()  # this test's gates are not the suite's
 
 
