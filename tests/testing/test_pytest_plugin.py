@@ -2,14 +2,10 @@
 the shipped pair (`example:fp32` → `example:int8`) `nfr>10%` is a breach, `nfr>30%` undecided, `nfr>50%` clear —
 each test fails, skips or passes as the gate decides, with the gate's own lines; bad input is one line."""
 
-import json
-import math
-import re
 import sys
-from pathlib import Path
 
 import pytest
-from scipy.stats import binomtest
+from shipped_lines import BREACH, P_BREACH, UNDECIDED, decides_at
 
 from adaptguard.testing import GateInputError, assert_compatible, take_checked
 
@@ -23,29 +19,6 @@ def compare_imported():
     assert_compatible("example:fp32", "example:int8", "nfr>50%")
     take_checked()  # not a gate of this suite's
 
-def flips(task: str) -> tuple[int, int]:
-    """(right → wrong flips, items) of a shipped task, counted from the two lm-eval sample files' `acc`."""
-    from adaptguard.compat.reading.runs import example_run_path
-
-    acc = [{r["doc_id"]: r["acc"] for r in map(json.loads, next(
-        Path(example_run_path(f"example:{side}")).glob(f"samples_{task}_*.jsonl")).read_text().splitlines())}
-        for side in ("fp32", "int8")]
-    return sum(acc[0][d] == 1 and acc[1][d] == 0 for d in acc[0]), len(acc[0])
-
-
-# the gate's lines on bb_general_knowledge, written from the counts with scipy: nfr k/n, the exact one-sided binomial
-# test's p, the 90 % Clopper–Pearson interval
-K, N_ITEMS = flips("bb_general_knowledge")
-LOW, HIGH = binomtest(K, N_ITEMS).proportion_ci(0.9, method="exact")
-CI = f"90 % interval {100 * LOW:.2f}% to {100 * HIGH:.2f}%"
-P_BREACH = binomtest(K, N_ITEMS, 0.10, alternative="greater").pvalue
-P_WITHIN = binomtest(K, N_ITEMS, 0.30, alternative="less").pvalue
-BREACH = (f"bb_general_knowledge: nfr = {100 * K / N_ITEMS:.2f}% > 10.00% (p = {P_BREACH:.3g}, exact one-sided "
-          f"binomial on the item counts; {CI})  [nfr>10%]")
-UNDECIDED = re.compile(
-    re.escape(f"bb_general_knowledge: nfr = {100 * K / N_ITEMS:.2f}% ≤ 30.00% but not shown below it (p = "
-              f"{P_WITHIN:.3g} ≥ α, exact one-sided binomial on the item counts; {CI}; at the rate seen, about ")
-    + r"(?P<items>[\d,]+)" + re.escape(" items would decide it)  [nfr>30%]"))
 BAD_RULE = "adaptguard: --fail-on 'nfr>10': nfr is a rate (the table prints it in %): write 10% or 0.1"
 
 SUITE = """
@@ -91,12 +64,7 @@ def test_each_decision_fails_skips_or_passes_the_test_with_the_gates_lines(pytes
     # the skip names the test's line (not the library's) and says how far the data reach: the items at which the
     # rate seen would be shown below 30 % (to the 1 % the plan is rounded to)
     (skip,) = [x for x in result.stdout.lines if x.startswith("SKIPPED [1] test_gates.py:10: undecided: ")]
-    items = int(UNDECIDED.fullmatch(skip.removeprefix("SKIPPED [1] test_gates.py:10: undecided: "))["items"].replace(",", ""))
-
-    def shown_below(m):  # the count at the rate seen over m items, rounded toward H0 (up)
-        return binomtest(math.ceil(K / N_ITEMS * m - 1e-9), m, 0.30, alternative="less").pvalue < 0.05
-
-    assert shown_below(items) and not shown_below(int(items / 1.02))
+    assert decides_at(UNDECIDED.fullmatch(skip.removeprefix("SKIPPED [1] test_gates.py:10: undecided: ")))
     # every gate checked, in the order run, with its decision and what it did to the test
     section = result.stdout.lines[result.stdout.lines.index(next(x for x in result.stdout.lines if "adaptguard gates" in x)) + 1:]
     assert section[:5] == [
