@@ -372,3 +372,53 @@ def agrapa_wealth(x, margin: float, greater: bool) -> list[float]:
         total, squares = total + xi, squares + xi * xi
         out.append(wealth)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ replicates
+def per_item_flips(old, new):
+    """Per item, by loops over the runs: the cross NFR (the mean over every (old run, new run) pair of "right, then
+    wrong") and the noise floor (the same over every ordered pair of two distinct runs of one side, both sides pooled;
+    None where no side has two runs). old: (R_o, N), new: (R_n, N) 0/1."""
+    old, new = np.asarray(old, int), np.asarray(new, int)
+    n = old.shape[1]
+    cross = [sum(o[i] * (1 - w[i]) for o in old for w in new) / (len(old) * len(new)) for i in range(n)]
+    pairs = [(a, b) for side in (old, new) for x, a in enumerate(side) for y, b in enumerate(side) if x != y]
+    floor = [sum(a[i] * (1 - b[i]) for a, b in pairs) / len(pairs) for i in range(n)] if pairs else None
+    return np.array(cross), None if floor is None else np.array(floor)
+
+
+def replicate_se(old, new, statistic: str) -> tuple[float, float]:
+    """(standard error, degrees of freedom) of the mean over items of `statistic` ("nfr": the cross NFR, "excess":
+    cross − floor) for a crossed runs × items design: V = V_items + max(0, V_runs − V_churn), V_items = var(g)/N, and
+    per side with ≥ 2 runs the jackknife of deleting each run in turn, recomputed from the runs left (V_runs: of the
+    mean; V_churn: item by item, over N); for "excess" a side whose deletions leave no floor is skipped.
+    Satterthwaite's df over the three mean squares, at least 1."""
+    def values(o, w):
+        cross, floor = per_item_flips(o, w)
+        if statistic == "nfr":
+            return cross
+        return None if floor is None else cross - floor
+
+    old, new = np.asarray(old, int), np.asarray(new, int)
+    g = values(old, new)
+    n = len(g)
+    v_items = float(np.var(g, ddof=1) / n) if n > 1 else 0.0
+    v_runs = v_churn = 0.0
+    df_runs = 0
+    for side in ("old", "new"):
+        runs = old if side == "old" else new
+        k = len(runs)
+        if k < 2:
+            continue
+        left = [values(np.delete(old, j, 0), new) if side == "old" else values(old, np.delete(new, j, 0))
+                for j in range(k)]
+        if any(v is None for v in left):
+            continue
+        left = np.array(left)  # (k, N)
+        v_runs += (k - 1) / k * sum((left[j].mean() - left.mean()) ** 2 for j in range(k))
+        v_churn += (k - 1) / k * sum(((left[j] - left.mean(0)) ** 2).mean() for j in range(k)) / n
+        df_runs += k - 1
+    variance = v_items + max(0.0, v_runs - v_churn)
+    terms = v_items ** 2 / max(n - 1, 1) + ((v_runs ** 2 / df_runs + v_churn ** 2 / (df_runs * max(n - 1, 1)))
+                                            if df_runs else 0.0)
+    return math.sqrt(variance), (max(1.0, variance ** 2 / terms) if terms > 0 else math.inf)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 from in_process import run_lm_eval_cli
-from scipy.stats import binom
+from independent import margin_p, per_item_flips, replicate_se
+from scipy.stats import binom, binomtest
 
 from adaptguard.cli.main import main
 from adaptguard.compat.evidence import p_beyond
@@ -291,9 +292,11 @@ def test_an_accuracy_drop_exactly_at_its_margin_is_not_beyond_it(tmp_path, capsy
     (d,) = report["gate"]["decisions"]
     assert code == 3 and d["decision"] == "undecided" and min(d["p_value"], d["p_within"]) >= 0.05, printed
     mde = (norm.ppf(0.95) + norm.ppf(0.8)) * math.sqrt((4 / 200 - 0.02 ** 2) / 200)
+    beyond, below = margin_p(4, 0, 200, 0.02, True), margin_p(4, 0, 200, 0.02, False)  # by brute force
+    assert (d["p_value"], d["p_within"]) == (pytest.approx(beyond, rel=1e-6), pytest.approx(below, rel=1e-6))
     assert _undecided_line(printed) == (
         f"  undecided: t: acc_drop = 2.00%, exactly the threshold: not beyond it, nor shown below it "
-        f"(p = {d['p_value']:.3g} beyond, {d['p_within']:.3g} below, both ≥ α, exact unconditional score test against "
+        f"(p = {beyond:.3g} beyond, {below:.3g} below, both ≥ α, exact unconditional score test against "
         f"the margin; the data detect a change of {100 * mde:.2f}% at 80 % power, but at the value seen no number of "
         f"items or runs decides it)  [acc_drop>2%]")
 
@@ -327,10 +330,12 @@ def test_a_rate_too_close_to_its_threshold_to_plan_says_so(tmp_path, capsys):
     code, report, printed = compare(capsys, tmp_path / "old", tmp_path / "new", "--fail-on", "nfr>0.799%")
     (d,) = report["gate"]["decisions"]
     assert code == 3 and d["why"].startswith("beyond") and d["items_needed"] is None
-    assert d["p_value"] == pytest.approx(binom.sf(7, 1000, 0.00799), rel=1e-9)
+    p = binom.sf(7, 1000, 0.00799)
+    low, high = binomtest(8, 1000).proportion_ci(0.9, method="exact")  # Clopper–Pearson
+    assert d["p_value"] == pytest.approx(p, rel=1e-9)
     assert _undecided_line(printed) == (
-        f"  undecided: t: nfr = 0.80% > 0.799% but not significantly (p = {d['p_value']:.3g} ≥ α, exact one-sided "
-        f"binomial on the item counts; 90 % interval {100 * d['interval'][0]:.2f}% to {100 * d['interval'][1]:.2f}%; "
+        f"  undecided: t: nfr = 0.80% > 0.799% but not significantly (p = {p:.3g} ≥ α, exact one-sided "
+        f"binomial on the item counts; 90 % interval {100 * low:.2f}% to {100 * high:.2f}%; "
         f"at the rate seen, more than 10,000,000 items would be needed to decide it)  [nfr>0.799%]")
 
 
@@ -372,16 +377,21 @@ def test_replicate_intervals_stay_in_their_ranges(tmp_path, capsys):
                                     f"{tmp_path / 'new0'},{tmp_path / 'new1'}", "--fail-on", "nfr>2%",
                                     "--fail-on", "excess_nfr>1%")
     nfr, excess = report["gate"]["decisions"]
-    rep = report["tasks"]["t"]["replicates"]
-    t_low = rep["nfr"] - t.ppf(0.95, rep["nfr_df"]) * rep["nfr_se"]
+    # the run-level t bounds from the runs themselves (tests/independent.py: the crossed variance by loops)
+    old_runs = np.array([[True] * 60] * 2)
+    new_runs = np.array([[r == 1 or i >= 3 for i in range(60)] for r in range(2)])
+    cross, floor_items = per_item_flips(old_runs, new_runs)
+    nfr_hat, excess_hat, floor = cross.mean(), (cross - floor_items).mean(), floor_items.mean()
+    se, df = replicate_se(old_runs, new_runs, "nfr")
+    t_low = nfr_hat - t.ppf(0.95, df) * se
     # the item-level bounds of 1.5 broken items, rounded outward (1 and 2 of 60)
-    upper = max(rep["nfr"] + t.ppf(0.95, rep["nfr_df"]) * rep["nfr_se"], beta.isf(0.05, 3, 58))
+    upper = max(nfr_hat + t.ppf(0.95, df) * se, beta.isf(0.05, 3, 58))
     assert t_low < 0 and nfr["interval"] == [0.0, pytest.approx(upper, rel=1e-9)], nfr
     (line,) = [x for x in printed.splitlines() if "t: nfr = " in x]
     assert f"90 % interval 0.00% to {100 * upper:.2f}%" in line
     assert f"[0.0, {100 * upper:.1f}]" in printed
-    floor = rep["noise_floor"]
-    e_low = rep["excess_nfr"] - t.ppf(0.95, rep["df"]) * rep["se"]
+    se, df = replicate_se(old_runs, new_runs, "excess")
+    e_low = excess_hat - t.ppf(0.95, df) * se
     assert excess["interval"][0] == pytest.approx(min(e_low, beta.ppf(0.05, 1, 60) - floor), rel=1e-9)
     assert excess["interval"][0] < 0
     rng = np.random.default_rng(0)
@@ -396,7 +406,8 @@ def test_replicate_intervals_stay_in_their_ranges(tmp_path, capsys):
         assert 0.0 <= lo <= r["nfr"] <= hi <= 1.0
         lo, hi = interval(e, "excess_nfr", 0.05)
         assert -1.0 <= lo <= r["excess_nfr"] <= hi <= 1.0
-        t_half = t.ppf(0.95, r["df"]) * r["se"]
+        se, df = replicate_se(old, new, "excess")
+        t_half = t.ppf(0.95, df) * se
         wide += r["excess_nfr"] - t_half < -1 or r["excess_nfr"] + t_half > 1
     assert wide > 10  # the cut was needed
 

@@ -363,3 +363,25 @@ def test_records_without_their_choices_take_one_over_the_number_of_choices_as_ch
     assert proc.returncode == 0, proc.stderr[-2000:]
     churn = json.loads((tmp_path / "c.json").read_text())["tasks"]["trimmed"]["churn"]
     assert churn["chance"] == pytest.approx(0.25) and not churn["churn"]
+
+
+def test_the_replicate_statistics_equal_their_definitions_by_loops():
+    """The cross NFR, the noise floor, the excess and both standard errors with their degrees of freedom, against
+    tests/independent.py's loops over run pairs and deleted runs, on random designs of 1–3 runs a side."""
+    from independent import per_item_flips, replicate_se
+
+    rng = np.random.default_rng(95)
+    for _ in range(30):
+        r_o, r_n, n = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(5, 40))
+        if r_o + r_n < 3:
+            continue
+        old, new = rng.random((r_o, n)) < rng.uniform(0.4, 0.9), rng.random((r_n, n)) < rng.uniform(0.4, 0.9)
+        r = replicate_flips(old, new, level=0.9)
+        cross, floor = per_item_flips(old, new)
+        assert (r["nfr"], r["noise_floor"], r["excess_nfr"]) == (
+            pytest.approx(cross.mean(), abs=1e-12), pytest.approx(floor.mean(), abs=1e-12),
+            pytest.approx((cross - floor).mean(), abs=1e-12))
+        se, df = replicate_se(old, new, "excess")
+        assert (r["se"], r["df"]) == (pytest.approx(se, rel=1e-9, abs=1e-15), pytest.approx(df, rel=1e-9))
+        se, df = replicate_se(old, new, "nfr")
+        assert (r["nfr_se"], r["nfr_df"]) == (pytest.approx(se, rel=1e-9, abs=1e-15), pytest.approx(df, rel=1e-9))
