@@ -68,6 +68,8 @@ def estimate(old, new, looks, big_n, metric):
     return (flips - fixes) / big_n if metric == "acc_drop" else (m_r - flips + fixes) / big_n
 
 
+FIXED_N_TEST = {"acc_drop": "exact unconditional score test against the margin"}  # (at margin 0: McNemar)
+
 CASES = [  # (threshold, N, M_R, rates of flips and fixes to draw from, look every, runs)
     ("nfr>5%", 400, 200, [(0.0, 0.1), (0.05, 0.1), (0.1, 0.1), (0.2, 0.1), (0.35, 0.1)], 50, 150),
     ("nfr<5%", 400, 200, [(0.0, 0.1), (0.02, 0.1), (0.1, 0.1), (0.2, 0.1)], 50, 150),
@@ -108,6 +110,30 @@ def test_each_decision_equals_the_second_implementation(expr, big_n, m_r, rates,
         assert got.p_within == pytest.approx(want["p_within"], rel=1e-7, abs=1e-12), where
         v = estimate(old, new, looks, big_n, t.metric)
         assert got.value == (None if v is None else pytest.approx(v, abs=1e-12)), where
+        assert got.evidence.value == "group", where
+        fixed_n = want["at"] is not None and _strata_done(old, looks[want["at"]], t.metric)
+        if fixed_n:  # compare's decision on all N items, its test and interval named as such
+            x = look_counts(old, new, looks)[want["at"]]
+            name = FIXED_N_TEST.get(t.metric, "exact one-sided binomial on the item counts") if t.value else \
+                "exact one-sided McNemar"
+            assert got.test == f"{name} on all {big_n} items, once the items that can change it were done", where
+            k, n = {"nfr": (x["b"], big_n), "pfr": (x["c"], big_n), "btc": (m_r - x["b"], m_r),
+                    "new_acc": (m_r - x["b"] + x["c"], big_n), "acc_drop": (None, None)}[t.metric]
+            if k is not None:  # a rate's Clopper–Pearson interval at 1 − 2α
+                ci = binomtest(k, n).proportion_ci(1 - 2 * ALPHA, method="exact")
+                assert got.interval == (pytest.approx(ci.low, abs=1e-9), pytest.approx(ci.high, abs=1e-9)), where
+        else:  # the group design's own decision: no interval, its boundaries named
+            kind = "score boundaries, O'Brien–Fleming α/5" if t.metric in ("acc_drop", "new_acc") else \
+                "exact binomial boundaries"
+            assert got.test == (f"group-sequential over the {big_n} items ({kind} at {len(looks)} "
+                                f"{'look' if len(looks) == 1 else 'looks'}; at the last, compare's fixed-n test)"), where
+            assert (got.interval, got.mde, got.items_needed) == (None, None, None), where
+            side = 0 if v is None else (v > float(t.value)) - (v < float(t.value))
+            assert got.reason.value == {
+                "breach": "the data support it", "clear": "the data show it within the threshold",
+                "undecided": "at the threshold: neither beyond it nor shown within it" if side == 0 else
+                "beyond the threshold, but not significantly" if (side > 0) == (t.op == ">") else
+                "within the threshold, but the data cannot show it"}[want["decision"]], where
         seen[("early " if want["at"] is not None and looks[want["at"]] < big_n and
               (want["decision"] != "undecided") and not _strata_done(old, looks[want["at"]], t.metric) else "")
              + want["decision"]] += 1
