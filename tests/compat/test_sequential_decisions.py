@@ -12,6 +12,7 @@ import pytest
 from independent import (
     Ambiguous,
     agrapa_wealth,
+    fixed_n_p,
     grid_wealth,
     group_decision,
     look_counts,
@@ -336,3 +337,24 @@ def across_case(expr, tasks, bet):
     else:
         assert (got.across.shows, got.value) == ("pooled", pytest.approx(olds.mean() - news.mean()))
     return want
+
+
+def test_a_group_entry_outside_its_thresholds_is_the_fixed_n_test_once_its_strata_are_done():
+    """The regression flag and the tests across tasks read a group entry's p (`p_beyond`): compare's fixed-n test on
+    all N items once the strata the metric needs are done at the last look, else no claim (p = 1)."""
+    from adaptguard.compat.evidence import p_beyond
+
+    rng = np.random.default_rng(5)
+    seen = Counter()
+    for i in range(40):
+        old, new, looks = run(rng, 200, 120, [0.0, 0.1, 0.3][i % 3], 0.2, 50, r_first=i % 2 == 1)
+        entry = entry_of(old, new, looks, 200)
+        x = look_counts(old, new, looks)[-1]
+        for metric, theta, op in (("nfr", 0.05, ">"), ("acc_drop", 0.0, ">"), ("pfr", 0.1, "<"), ("btc", 0.9, "<")):
+            done = _strata_done(old, looks[-1], metric)
+            want = fixed_n_p(metric, x["b"], x["c"], 200, 120, theta, op == ">") if done else 1.0
+            assert p_beyond(entry, metric, theta, op) == pytest.approx(want, rel=1e-9), (i, metric, looks)
+            seen[done] += 1
+    assert set(seen) == {True, False}
+    empty = entry_of(np.ones(10, bool), np.ones(10, bool), [], 10)
+    assert p_beyond(empty, "nfr", 0.05, ">") == 1.0
