@@ -385,3 +385,32 @@ def test_the_replicate_statistics_equal_their_definitions_by_loops():
         assert (r["se"], r["df"]) == (pytest.approx(se, rel=1e-9, abs=1e-15), pytest.approx(df, rel=1e-9))
         se, df = replicate_se(old, new, "nfr")
         assert (r["nfr_se"], r["nfr_df"]) == (pytest.approx(se, rel=1e-9, abs=1e-15), pytest.approx(df, rel=1e-9))
+
+
+def test_the_two_level_bootstrap_se_by_loops_on_the_same_draws():
+    """method="bootstrap" (kept for docs/compat.md's comparison): each side's runs drawn with replacement, then the
+    items; the excess NFR of each resample by loops: the cross NFR over every (old draw, new draw) pair, the floor
+    over every ordered pair of two draws of different runs of one side (a run drawn twice makes no pair with itself),
+    on the same random draws; the SE is their standard deviation."""
+    rng_data = np.random.default_rng(4)
+    old, new = rng_data.random((3, 40)) < 0.7, rng_data.random((2, 40)) < 0.6
+    got = replicate_flips(old, new, method="bootstrap", n_boot=200, seed=11)["se"]
+    rng = np.random.default_rng(11)
+    stats = []
+    for _ in range(200):
+        co, cn = rng.multinomial(3, [1 / 3] * 3), rng.multinomial(2, [1 / 2] * 2)
+        drawn_old = [r for r in range(3) for _ in range(co[r])]  # the runs drawn, with repeats
+        drawn_new = [r for r in range(2) for _ in range(cn[r])]
+        pairs = [(side, x, y) for side, drawn in (("o", drawn_old), ("n", drawn_new))
+                 for i, x in enumerate(drawn) for j, y in enumerate(drawn) if i != j and x != y]
+        if not pairs:
+            continue
+        items = rng.integers(0, 40, 40)
+        runs = {"o": old, "n": new}
+        total = 0.0
+        for i in items:
+            cross = sum(old[x, i] and not new[y, i] for x in drawn_old for y in drawn_new) / 6
+            floor = sum(runs[s][x, i] and not runs[s][y, i] for s, x, y in pairs) / len(pairs)
+            total += cross - floor
+        stats.append(total / 40)
+    assert got == pytest.approx(np.std(stats, ddof=1), rel=1e-9)
