@@ -288,3 +288,57 @@ def test_action_ymls_steps_as_github_runs_them(tmp_path, rule, status, decision,
         assert run.summary.startswith("# Compatibility: `example:fp32` → `example:int8`")
         assert run.uploads == [{"name": "adaptguard-gate", "path": "adaptguard-gate.html", "if-no-files-found": "ignore"}]
         assert (workspace / "adaptguard-gate.html").stat().st_size > 10_000
+
+
+def test_the_comment_goes_over_http_as_githubs_api_asks(capsys):
+    """The real client (`github_http`) against a server on loopback standing in for GITHUB_API_URL: the token as a
+    bearer, GitHub's media type and API version, the comment as a JSON body, the answer read back; a 403 is the
+    warning a fork's read-only token gets, and the decision stands."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen, refuse = [], []
+
+    class Api(BaseHTTPRequestHandler):
+        def answer(self):
+            size = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(size)) if size else None
+            seen.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+            if refuse:
+                self.send_error(403, "Forbidden")
+                return
+            reply = [] if self.command == "GET" else {"id": 9, "html_url": "https://github.com/o/r/pull/5#c9"}
+            data = json.dumps(reply).encode()
+            self.send_response(200 if self.command == "GET" else 201)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = answer
+
+        def log_message(self, *args):  # the test's output stays the action's
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {"GITHUB_API_URL": f"http://127.0.0.1:{server.server_port}/", "GITHUB_REPOSITORY": "o/r",
+               "INPUT_GITHUB-TOKEN": "s3cret", "INPUT_PR-NUMBER": "5"}
+        assert action.comment(env, "the report", None) == "https://github.com/o/r/pull/5#c9"
+        (get, post) = seen
+        assert (get[0], get[1], get[3]) == ("GET", "/repos/o/r/issues/5/comments?per_page=100&page=1", None)
+        assert (post[0], post[1]) == ("POST", "/repos/o/r/issues/5/comments")
+        assert post[3] == {"body": action.comment_body("the report", action.MARKER.format(key=""), env)}
+        for method, _, headers, _ in seen:
+            assert (headers["authorization"], headers["accept"], headers["x-github-api-version"],
+                    headers["content-type"]) == ("Bearer s3cret", "application/vnd.github+json", "2022-11-28",
+                                                 "application/json"), method
+        refuse.append(True)
+        assert action.comment(env, "the report", None) is None
+        assert capsys.readouterr().out == (
+            "::warning::comment: GitHub refused it (403 Forbidden); a pull request from a fork gets a read-only "
+            "token, so the report is in the job summary only. The gate's decision stands.\n")
+    finally:
+        server.shutdown()
+        server.server_close()
