@@ -62,6 +62,9 @@ def test_the_status_the_page_and_the_markdown_come_from_the_verdict(shipped, ci,
     v = verdict(report["dev"], report["test"])
     assert isinstance(v, UpdateVerdict) and v.status is status
     assert v.word == word == (NOTHING_GATED if status is None else OUTCOMES[status].word)
+    # `adaptguard update` exits by it: 0 shipped (the control, or a pick the test confirms), 1 the pick broke more
+    # than the control on test, 3 within seed noise
+    assert v.exit_code == {"passed": 0, "failed": 1, "undecided": 3, "none": 0}[word]
     with pytest.raises(AttributeError):  # frozen
         v.status = Decision.CLEAR
 

@@ -67,9 +67,10 @@ def _run(ns: argparse.Namespace) -> int:
         if ns.seeds is not None:
             cfg.test_seeds = seeds
         report = run_update(cfg, dry_run=ns.dry_run)
-        if not ns.dry_run:
-            print(f"{report['verdict']}  ({cfg.output_dir}/report.md, chosen adapter: {cfg.output_dir}/chosen)")
-        return 0
+        if ns.dry_run:
+            return 0
+        print(f"{report['verdict']}  ({cfg.output_dir}/report.md, chosen adapter: {cfg.output_dir}/chosen)")
+        return report["exit_status"]  # by the verdict (`UpdateVerdict.exit_code`): 0 shipped, 1 worse, 3 undecided
     if ns.dry_run:
         run_update(cfg, dry_run=True)
         return 0

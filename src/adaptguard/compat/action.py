@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .verdicts import OUTCOMES, Decision, Gate
+from .verdicts import EXIT_BAD_INPUT, OUTCOMES, Decision, Gate
 
 # the inputs this module reads (action.yml passes each to it; tests/compat/test_action.py holds the two lists equal)
 INPUTS = ("old", "new", "fail-on", "significance", "undecided-fails", "markdown", "html", "comment", "comment-key",
@@ -118,7 +118,7 @@ def run_gate(env: Mapping[str, str], workdir: Path) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True, env={k: v for k, v in env.items() if k not in secret})
     sys.stdout.write(proc.stdout)
     out = {"exit_status": proc.returncode, "gate": None, "refusal": None, "markdown": None, "html": None}
-    if proc.returncode == 2:  # bad input: compare's own one line, its last
+    if proc.returncode == EXIT_BAD_INPUT:  # bad input: compare's own one line, its last
         refusal = next((line for line in reversed(proc.stderr.splitlines()) if line.strip()), "adaptguard compare: exit 2")
         return {**out, "decision": "bad-input", "refusal": refusal}
     sys.stderr.write(proc.stderr)
@@ -278,7 +278,7 @@ def main(env: Mapping[str, str] | None = None, http: Http | None = None) -> int:
                  "in the step's log); nothing decided")
         return result["exit_status"] or 1
     annotate("notice" if decision == Decision.CLEAR else "error", outputs["headline"])  # breach, undecided, bad input
-    return 2 if decision == "bad-input" else result["exit_status"]
+    return EXIT_BAD_INPUT if decision == "bad-input" else result["exit_status"]
 
 
 def _headline(gate: dict) -> str:

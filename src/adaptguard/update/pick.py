@@ -527,8 +527,10 @@ def run_pick(cfg: UpdateConfig, dry_run: bool = False) -> dict:
         pick.executor = None
     pick.ship(choices)
     plot_dev(choices, pick.out / "dev_tradeoff.png")
+    v = verdict(choices, test)
     report = {"old_base": pick.cfg.old_base, "new_base": pick.cfg.new_base, "n_train": len(pick.rows["train"]),
-              "dev": choices, "test": test, "verdict": verdict(choices, test).sentence,
+              "dev": choices, "test": test, "verdict": v.sentence,
+              "status": None if v.status is None else v.status.value, "exit_status": v.exit_code,
               "config": {k: v for k, v in pick.cfg.__dict__.items() if k not in ("train", "dev", "test")},
               "seconds": time.perf_counter() - start}
     atomic_write_text(pick.out / "report.json", json.dumps(report, indent=2, default=str))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..compat.verdicts import NOTHING_GATED, OUTCOMES, Decision
+from ..compat.verdicts import EXIT_PASSED, NOTHING_GATED, OUTCOMES, Decision
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,12 @@ class UpdateVerdict:
     def word(self) -> str:
         """The page's status: failed, undecided, passed, or none (the compare page's words)."""
         return NOTHING_GATED if self.status is None else OUTCOMES[self.status].word
+
+    @property
+    def exit_code(self) -> int:
+        """`adaptguard update`'s exit status: 0 something shipped with nothing against it (the control, or a pick the
+        test confirms), 1 the pick broke more of v1's answers than the control on test, 3 within seed noise."""
+        return EXIT_PASSED if self.status is None else OUTCOMES[self.status].exit_code
 
 
 def status_of(test: dict) -> Decision | None:
