@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..compat.verdicts import EXIT_BAD_INPUT
 from . import built, cache_logits, compare, compat_tasks, demo, drift, embedded, evaluate, lm_eval, select, tasks_dir, update
 
 
@@ -52,7 +53,7 @@ def _guarded(command: str, fn, extra: str | None = None) -> int:
             err = missing_extra(err, f"adaptguard {command}", extra) or err
         detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename and err.strerror else str(err)
         print(f"adaptguard {command}: error: {detail}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"adaptguard {command}: interrupted", file=sys.stderr)
         return 130

@@ -20,7 +20,6 @@ from .stats.metrics import binomial_p
 from .verdicts import Across, Decision, Evidence, Reason, ThresholdDecision, beyond
 
 ACROSS_METHODS = ("pooled", "max_drop", "fisher")
-DECISIONS = tuple(Decision)  # breach, undecided, clear: the one vocabulary of every output (`verdicts`)
 
 
 def decide_threshold(name: str, entry: Mapping, t, alpha: float | None) -> ThresholdDecision:

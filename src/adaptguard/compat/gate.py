@@ -38,7 +38,7 @@ from .comparison import Comparison
 from .decide import decide_across, decide_threshold, is_churn
 from .evidence import replicated, value
 from .metric_table import METRICS, ONE_RUN, REPLICATES, about_flips, in_rate_units, is_rate, names
-from .verdicts import OUTCOMES, Decision, Evidence, Gate, LeftOut, ThresholdDecision, decision_of
+from .verdicts import EXIT_PASSED, OUTCOMES, Decision, Evidence, Gate, LeftOut, ThresholdDecision, decision_of
 
 ACROSS = "overall"  # the task glob of a threshold on every task together
 _EXPR = re.compile(r"^(?:(?P<tasks>[^:<>]+):)?(?P<metric>[A-Za-z_]+)\s*(?P<op>[<>])\s*(?P<value>\S+)$")
@@ -252,14 +252,15 @@ def headline(gate: Gate | Mapping) -> str:
         f"{len(gate.of_kind(k))} {k}" for k in Decision)
     left = len(gate.left_out)
     out = f" ({counts}; {left} (task, threshold) pair{'s' * (left != 1)} left out)" if left else f" ({counts})"
+    outcome = OUTCOMES[gate.status]  # its word; a status that fails the check (exit ≠ 0) in capitals
+    word = f"gate: {outcome.word if outcome.exit_code == EXIT_PASSED else outcome.word.upper()}, "
     if gate.status is Decision.BREACH:
-        return ("gate: FAILED, a value beyond its threshold" if raw else "gate: FAILED, a breach the data support") + out
+        return word + ("a value beyond its threshold" if raw else "a breach the data support") + out
     if gate.status is Decision.UNDECIDED:
-        return "gate: UNDECIDED, no breach but not every threshold could be decided" + out
+        return word + "no breach but not every threshold could be decided" + out
     if raw:
-        return ("gate: passed, no value decided is beyond its threshold" if left else
-                "gate: passed, no value beyond its threshold") + out
-    return ("gate: passed, every threshold decided is clear" if left else "gate: passed, every threshold clear") + out
+        return word + ("no value decided is beyond its threshold" if left else "no value beyond its threshold") + out
+    return word + ("every threshold decided is clear" if left else "every threshold clear") + out
 
 
 def describe(gate: Gate | Mapping) -> str:

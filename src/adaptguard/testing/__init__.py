@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from ..compat.verdicts import Decision
+from ..compat.verdicts import OUTCOMES, Decision
 
 UNDECIDED = ("fail", "skip", "pass")
 # compare's options, as compare_runs names them (`compatible` is compare's --compatible)
@@ -63,12 +63,14 @@ def assert_compatible(old: Run, new: Run, *fail_on: str | Sequence[str], undecid
 
     text, status = describe(gate), gate.status
     fails = status is Decision.BREACH or (status is Decision.UNDECIDED and undecided == "fail")
-    outcome = "failed" if fails else "skipped" if status is Decision.UNDECIDED and undecided == "skip" else "passed"
+    skips = status is Decision.UNDECIDED and undecided == "skip"
+    # the test's outcome in the gate's words (`OUTCOMES`: failed, passed); a skip is pytest's own
+    outcome = OUTCOMES[Decision.BREACH].word if fails else "skipped" if skips else OUTCOMES[Decision.CLEAR].word
     counts = ", ".join(f"{len(gate.of_kind(k))} {k}" for k in Decision)
     _record(f"{where}: {status} ({counts}), {outcome}")
     if fails:
         raise AssertionError(text)
-    if outcome == "skipped":
+    if skips:
         import pytest
 
         pytest.skip("\n".join(line.strip() for line in text.splitlines()[1:]))  # the undecided lines: how far the data reach
