@@ -358,3 +358,18 @@ def test_a_group_entry_outside_its_thresholds_is_the_fixed_n_test_once_its_strat
     assert set(seen) == {True, False}
     empty = entry_of(np.ones(10, bool), np.ones(10, bool), [], 10)
     assert p_beyond(empty, "nfr", 0.05, ">") == 1.0
+
+
+def test_a_group_entry_before_its_first_look_decides_nothing():
+    """No look yet (a run killed before its first chunk): no estimate where a stratum has no item yet, the baseline's
+    accuracy known, every threshold undecided with p = 1 on both sides — except old_acc, decided by the baseline."""
+    old = np.array([True] * 30 + [False] * 20)
+    entry = entry_of(old, old, [], 50)
+    for expr in ("nfr>5%", "nfr<5%", "pfr>5%", "btc<90%", "acc_drop>0", "new_acc>50%"):
+        got = decide_threshold("task", entry, Threshold.parse(expr), ALPHA)
+        assert (got.value, got.decision.value, got.p_value, got.p_within) == (None, "undecided", 1.0, 1.0), expr
+    got = decide_threshold("task", entry, Threshold.parse("old_acc>40%"), ALPHA)
+    assert (got.value, got.p_value) == (0.6, pytest.approx(binomtest(30, 50, 0.4, alternative="greater").pvalue))
+    # with an empty stratum its rate is known: no old-wrong item, so nothing to fix (pfr 0), whatever the looks
+    full = entry_of(np.ones(50, bool), np.ones(50, bool), [], 50)
+    assert decide_threshold("task", full, Threshold.parse("pfr>5%"), ALPHA).value == 0.0

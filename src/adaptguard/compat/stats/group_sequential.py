@@ -227,7 +227,7 @@ def group_estimate(entry: Mapping, metric: str) -> float | None:
     exact once the strata it needs are done); None where a stratum it needs has no item yet."""
     s = entry["sequential"]
     big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
-    x = group_looks(entry)[-1] if s["looks"] else {"n": 0, "n_r": 0, "n_w": 0, "b": 0, "c": 0}
+    x = group_looks(entry)[-1] if s["looks"] else {"n_r": 0, "n_w": 0, "b": 0, "c": 0}
     flips = x["b"] / x["n_r"] * m_r if x["n_r"] else (0.0 if m_r == 0 else None)
     fixes = x["c"] / x["n_w"] * m_w if x["n_w"] else (0.0 if m_w == 0 else None)
     if metric == "old_acc":
