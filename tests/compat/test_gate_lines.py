@@ -135,3 +135,28 @@ def test_raw_values_never_say_the_data_support_anything():
     assert headline(Gate(None, ["nfr>2%"], [within], [LeftOut.undefined("gen", "nfr>2%", "nfr")])) == (
         "gate: passed, no value decided is beyond its threshold (raw values, no test; 0 breach, 0 undecided, 1 clear; "
         "1 (task, threshold) pair left out)")
+
+
+def test_reasons_are_codes_with_their_sentence_beside_and_old_reports_still_read():
+    """report.json writes each reason as a stable code (`why_code`) beside its sentence (`why`); a decision or a
+    left-out pair read back takes the code (a reworded sentence changes nothing), and a report written before the
+    codes is read by its sentence."""
+    from adaptguard.compat.verdicts import LeftOutReason, decision_of
+
+    codes = {"supported", "some_task", "shown_within", "beyond_not_significant", "within_not_shown", "at_threshold",
+             "beyond", "within", "at_threshold_raw"}
+    assert {r.value for r in Reason} == codes and len({r.sentence for r in Reason}) == len(codes)
+    for d, _ in LINES:
+        written = dict(d)
+        assert (written["why_code"], written["why"]) == (d.reason.value, d.reason.sentence)
+        assert decision_of({**written, "why": "reworded"}).reason is d.reason
+        old = {k: v for k, v in written.items() if k != "why_code"}
+        assert decision_of(old).reason is d.reason
+    churn, undefined = LeftOut.churn("hard", "nfr>2%"), LeftOut.undefined("gen", "nfr>2%", "nfr")
+    gate = Gate(0.05, ["nfr>2%"], [], [churn, undefined])
+    written = [dict(x) for x in gate.left_out]
+    assert [x["why_code"] for x in written] == ["churn", "undefined"]
+    for left in (written, [{k: v for k, v in x.items() if k != "why_code"} for x in written]):
+        back = Gate.of({"significance": 0.05, "thresholds": ["nfr>2%"], "decisions": [], "left_out": left})
+        assert [x.reason for x in back.left_out] == [LeftOutReason.CHURN, LeftOutReason.UNDEFINED]
+        assert describe(back) == describe(gate)

@@ -130,7 +130,7 @@ def test_each_decision_equals_the_second_implementation(expr, big_n, m_r, rates,
                                 f"{'look' if len(looks) == 1 else 'looks'}; at the last, compare's fixed-n test)"), where
             assert (got.interval, got.mde, got.items_needed) == (None, None, None), where
             side = 0 if v is None else (v > float(t.value)) - (v < float(t.value))
-            assert got.reason.value == {
+            assert got.reason.sentence == {
                 "breach": "the data support it", "clear": "the data show it within the threshold",
                 "undecided": "at the threshold: neither beyond it nor shown within it" if side == 0 else
                 "beyond the threshold, but not significantly" if (side > 0) == (t.op == ">") else

@@ -4,7 +4,7 @@ of a threshold's decision (`ThresholdDecision`), of a threshold left out (`LeftO
 
 The terminal, Markdown, the HTML page, `evaluate`, `update`, the GitHub Action and the pytest plugin all read
 `OUTCOMES`; `decide` and `gate` build the records. Each record reads as the mapping `report.json` writes
-(`d["decision"]`, `d["why"]`), so a report read back and one built here are the same to every reader.
+(`d["decision"]`, `d["why_code"]`), so a report read back and one built here are the same to every reader.
 """
 
 from __future__ import annotations
@@ -24,18 +24,30 @@ class Decision(StrEnum):
 
 
 class Reason(StrEnum):
-    """Why a threshold got its decision; the value is the `why` that report.json writes."""
+    """Why a threshold got its decision: a stable code (report.json's `why_code`), its sentence beside it (`why`,
+    `sentence`: rewording one leaves old reports readable by their code)."""
 
-    SUPPORTED = "the data support it"
-    SOME_TASK = "some task dropped beyond the threshold"  # overall:acc_drop, by the max-drop or Fisher test
-    SHOWN_WITHIN = "the data show it within the threshold"
-    BEYOND_NOT_SIGNIFICANT = "beyond the threshold, but not significantly"
-    WITHIN_NOT_SHOWN = "within the threshold, but the data cannot show it"
-    AT_THRESHOLD = "at the threshold: neither beyond it nor shown within it"
+    SUPPORTED = "supported"
+    SOME_TASK = "some_task"  # overall:acc_drop, by the max-drop or Fisher test
+    SHOWN_WITHIN = "shown_within"
+    BEYOND_NOT_SIGNIFICANT = "beyond_not_significant"
+    WITHIN_NOT_SHOWN = "within_not_shown"
+    AT_THRESHOLD = "at_threshold"
     # --significance off: raw values compared, no test
-    BEYOND = "beyond the threshold"
-    WITHIN = "within the threshold"
-    AT_THRESHOLD_RAW = "at the threshold, not beyond it"
+    BEYOND = "beyond"
+    WITHIN = "within"
+    AT_THRESHOLD_RAW = "at_threshold_raw"
+
+    @property
+    def sentence(self) -> str:
+        return REASON_SENTENCES[self]
+
+    @classmethod
+    def read(cls, d: Mapping) -> Reason:
+        """A report.json decision's reason: by its code, or (reports before the codes) by its sentence."""
+        if "why_code" in d:
+            return cls(d["why_code"])
+        return next(r for r, sentence in REASON_SENTENCES.items() if sentence == d["why"])
 
     @property
     def at_threshold(self) -> bool:
@@ -57,6 +69,19 @@ class Reason(StrEnum):
         """Why neither test decided a value on `side` of its threshold."""
         return cls.AT_THRESHOLD if side == 0 else cls.BEYOND_NOT_SIGNIFICANT if beyond(side, op) else \
             cls.WITHIN_NOT_SHOWN
+
+
+REASON_SENTENCES = {
+    Reason.SUPPORTED: "the data support it",
+    Reason.SOME_TASK: "some task dropped beyond the threshold",
+    Reason.SHOWN_WITHIN: "the data show it within the threshold",
+    Reason.BEYOND_NOT_SIGNIFICANT: "beyond the threshold, but not significantly",
+    Reason.WITHIN_NOT_SHOWN: "within the threshold, but the data cannot show it",
+    Reason.AT_THRESHOLD: "at the threshold: neither beyond it nor shown within it",
+    Reason.BEYOND: "beyond the threshold",
+    Reason.WITHIN: "within the threshold",
+    Reason.AT_THRESHOLD_RAW: "at the threshold, not beyond it",
+}
 
 
 class Evidence(StrEnum):
@@ -140,7 +165,7 @@ class ThresholdDecision(_Record):
     def to_json(self) -> dict[str, Any]:
         """report.json's decision, its keys in the order report.json has always written them."""
         head = {k: getattr(self, k) for k in ("task", "expr", "metric", "op", "threshold", "value")}
-        verdict = {"decision": self.decision.value, "why": self.reason.value}
+        verdict = {"decision": self.decision.value, "why": self.reason.sentence, "why_code": self.reason.value}
         tests = {k: getattr(self, k) for k in ("p_value", "p_within", "test", "interval", "level", "mde",
                                                 "items_needed")}
         # the kind of evidence, so that a decision read back says how far the data reach as the one built here
@@ -208,7 +233,7 @@ class LeftOut(_Record):
         return self.reason.value if self.reason is LeftOutReason.CHURN else self.why
 
     def to_json(self) -> dict[str, Any]:
-        return {"task": self.task, "expr": self.expr, "why": self.why}
+        return {"task": self.task, "expr": self.expr, "why": self.why, "why_code": self.reason.value}
 
 
 @dataclass(frozen=True, eq=False)
@@ -272,7 +297,7 @@ def decision_of(d: Mapping) -> ThresholdDecision:
     across = Across(d["shows"], d.get("worst_task"), d.get("p_methods")) if "shows" in d else None
     own = {f.name for f in fields(ThresholdDecision)} - {"reason", "across", "decision", "interval", "evidence"}
     interval, evidence = d.get("interval"), d.get("evidence")  # (reports before 0.1.0 name no evidence)
-    return ThresholdDecision(**{k: d.get(k) for k in own}, decision=Decision(d["decision"]), reason=Reason(d["why"]),
+    return ThresholdDecision(**{k: d.get(k) for k in own}, decision=Decision(d["decision"]), reason=Reason.read(d),
                              interval=None if interval is None else tuple(interval), across=across,
                              evidence=None if evidence is None else Evidence(evidence))
 
@@ -280,5 +305,7 @@ def decision_of(d: Mapping) -> ThresholdDecision:
 def _left_out_of(x: Mapping) -> LeftOut:
     if isinstance(x, LeftOut):
         return x
-    reason = LeftOutReason.CHURN if x["why"] == CHURN_WHY else LeftOutReason.UNDEFINED
+    if "why_code" in x:
+        return LeftOut(x["task"], x["expr"], LeftOutReason(x["why_code"]), x["why"])
+    reason = LeftOutReason.CHURN if x["why"] == CHURN_WHY else LeftOutReason.UNDEFINED  # reports before the codes
     return LeftOut(x["task"], x["expr"], reason, x["why"])
