@@ -57,10 +57,14 @@ def test_the_score_boundaries_spend_what_the_spending_function_says():
     by the bivariate normal (correlation √(t1/t2)), to the grid's accuracy."""
     eps, t = 0.01, (0.4, 0.7)
     h1, h2 = gs.z_boundaries(t, eps)
-    assert norm.sf(h1) == pytest.approx(gs.obf_spent(0.4, eps), rel=0.05)
+    def spent(t):  # Lan–DeMets O'Brien–Fleming: 2 − 2Φ(z_{1−ε/2}/√t)
+        return 2 * norm.sf(norm.isf(eps / 2) / math.sqrt(t))
+
+    assert norm.sf(h1) == pytest.approx(spent(0.4), rel=0.05)
     rho = math.sqrt(t[0] / t[1])
     stay = multivariate_normal([0, 0], [[1, rho], [rho, 1]]).cdf([h1, h2])
-    assert 1 - stay == pytest.approx(gs.obf_spent(0.7, eps), rel=0.05)
+    assert 1 - stay == pytest.approx(spent(0.7), rel=0.05)
+    assert gs.obf_spent(0.4, eps) == pytest.approx(spent(0.4), rel=1e-12)
     assert gs.obf_spent(1.0, eps) == pytest.approx(eps) and gs.obf_spent(0.0, eps) == 0.0
 
 
