@@ -6,7 +6,7 @@ outcome. The decisions are built here field by field, so the expected text depen
 import pytest
 
 from adaptguard.compat.gate import decision_line, describe, exit_status, headline
-from adaptguard.compat.verdicts import Across, Decision, Evidence, Gate, LeftOut, Reason, ThresholdDecision
+from adaptguard.compat.verdicts import Across, Decision, Evidence, Gate, LeftOut, Reason, Shows, ThresholdDecision
 
 B, U, C = Decision.BREACH, Decision.UNDECIDED, Decision.CLEAR
 TEST = "exact binomial test"
@@ -67,12 +67,12 @@ LINES = [
     # across tasks: the pooled drop, or some task
     (ThresholdDecision(task="overall", expr="overall:acc_drop>0.5%", metric="acc_drop", op=">", threshold=0.005,
                        value=0.031, decision=B, reason=Reason.SOME_TASK, p_value=0.004, p_within=0.9,
-                       test="pooled, max-drop and Fisher tests", across=Across("some_task", "mmlu_x")),
+                       test="pooled, max-drop and Fisher tests", across=Across(Shows.SOME_TASK, "mmlu_x")),
      "overall: some task dropped more than 0.50% (most: mmlu_x, acc_drop = 3.10%) (max-drop/Fisher p = 0.004, "
      "pooled, max-drop and Fisher tests)  [overall:acc_drop>0.5%]"),
     (ThresholdDecision(task="overall", expr="overall:acc_drop>0.5%", metric="acc_drop", op=">", threshold=0.005,
                        value=0.012, decision=B, reason=Reason.SUPPORTED, p_value=0.004, p_within=0.9,
-                       test="pooled test", across=Across("pooled")),
+                       test="pooled test", across=Across(Shows.POOLED)),
      "overall: acc_drop = 1.20% > 0.50% (p = 0.004, pooled test)  [overall:acc_drop>0.5%]"),
 ]
 

@@ -17,7 +17,7 @@ from .metric_table import strata
 from .stats.anytime import anytime_e_values, anytime_p
 from .stats.group_sequential import full_entry, group_estimate, group_looks, rate_side
 from .stats.metrics import binomial_p
-from .verdicts import Across, Decision, Evidence, Reason, ThresholdDecision, beyond
+from .verdicts import Across, Decision, Evidence, Reason, Shows, ThresholdDecision, beyond
 
 ACROSS_METHODS = ("pooled", "max_drop", "fisher")
 
@@ -138,7 +138,7 @@ def decide_across(name: str, names: list[str], entries: list[Mapping], pooled: d
     side = relation(pooled, "acc_drop", _exact(t))  # the pooled drop against θ, exactly
     if alpha is None:
         return ThresholdDecision(**base, decision=Decision.BREACH if beyond(side, t.op) else Decision.CLEAR,
-                                 reason=Reason.untested(side, t.op), across=Across("pooled"))
+                                 reason=Reason.untested(side, t.op), across=Across(Shows.POOLED))
     if all("sequential" in e for e in entries):
         return _across_sequential(base, names, entries, t, alpha, side)
     split = alpha / len(ACROSS_METHODS)
@@ -150,16 +150,16 @@ def decide_across(name: str, names: list[str], entries: list[Mapping], pooled: d
               "test": f"pooled, max-drop and Fisher tests, each at α/3 = {split:.3g}"}
     if towards["pooled"] < split:
         return ThresholdDecision(**tested, decision=Decision.BREACH, reason=Reason.SUPPORTED,
-                                 across=Across("pooled", p_methods=towards))
+                                 across=Across(Shows.POOLED, p_methods=towards))
     if min(towards["max_drop"], towards["fisher"]) < split:
         e = entries[worst]
         return ThresholdDecision(**{**tested, "value": e["old_acc"] - e["new_acc"]}, decision=Decision.BREACH,
-                                 reason=Reason.SOME_TASK, across=Across("some_task", names[worst], towards))
+                                 reason=Reason.SOME_TASK, across=Across(Shows.SOME_TASK, names[worst], towards))
     if within < alpha:
         return ThresholdDecision(**tested, decision=Decision.CLEAR, reason=Reason.SHOWN_WITHIN,
-                                 across=Across("pooled", p_methods=towards))
+                                 across=Across(Shows.POOLED, p_methods=towards))
     return ThresholdDecision(**tested, decision=Decision.UNDECIDED, reason=Reason.undecided(side, t.op),
-                             mde=evidence_of(pooled).mde("acc_drop", alpha), across=Across("pooled", p_methods=towards))
+                             mde=evidence_of(pooled).mde("acc_drop", alpha), across=Across(Shows.POOLED, p_methods=towards))
 
 
 def _across_sequential(base: dict, names: list[str], entries: list[Mapping], t, alpha: float, side: int
@@ -181,12 +181,12 @@ def _across_sequential(base: dict, names: list[str], entries: list[Mapping], t, 
     if p < alpha:
         e = entries[worst]
         return ThresholdDecision(**{**tested, "value": e["old_acc"] - e["new_acc"]}, decision=Decision.BREACH,
-                                 reason=Reason.SOME_TASK, across=Across("some_task", names[worst]))
+                                 reason=Reason.SOME_TASK, across=Across(Shows.SOME_TASK, names[worst]))
     if max(within) < alpha / len(entries):
         return ThresholdDecision(**tested, decision=Decision.CLEAR, reason=Reason.SHOWN_WITHIN,
-                                 across=Across("pooled"))
+                                 across=Across(Shows.POOLED))
     return ThresholdDecision(**tested, decision=Decision.UNDECIDED, reason=Reason.undecided(side, t.op),
-                             across=Across("pooled"))
+                             across=Across(Shows.POOLED))
 
 
 def across_verdict(names: list[str], entries: list[Mapping], pooled: dict, alpha: float) -> dict:

@@ -38,7 +38,7 @@ from .comparison import Comparison
 from .decide import decide_across, decide_threshold, is_churn
 from .evidence import replicated, value
 from .metric_table import METRICS, ONE_RUN, REPLICATES, about_flips, in_rate_units, is_rate, names
-from .verdicts import EXIT_PASSED, OUTCOMES, Decision, Evidence, Gate, LeftOut, ThresholdDecision, decision_of
+from .verdicts import EXIT_PASSED, OUTCOMES, Decision, Evidence, Gate, LeftOut, Shows, ThresholdDecision, decision_of
 
 ACROSS = "overall"  # the task glob of a threshold on every task together
 _EXPR = re.compile(r"^(?:(?P<tasks>[^:<>]+):)?(?P<metric>[A-Za-z_]+)\s*(?P<op>[<>])\s*(?P<value>\S+)$")
@@ -211,7 +211,7 @@ def decision_line(d: ThresholdDecision | Mapping) -> str:
     where = "≤" if d.op == ">" else "≥"
     limit = _limit(metric, d.threshold)
     head = f"{d.task}: {metric} = {limit if at else _rate(metric, d.value)}"
-    some_task = d.across is not None and d.across.shows == "some_task"
+    some_task = d.across is not None and d.across.shows is Shows.SOME_TASK
     if some_task and d.decision is Decision.BREACH:
         head = (f"{d.task}: some task dropped more than {limit} (most: {d.across.worst_task}, "
                 f"acc_drop = {_rate(metric, d.value)})")

@@ -184,11 +184,18 @@ class ThresholdDecision(_Record):
     __hash__ = None
 
 
+class Shows(StrEnum):
+    """What `overall:acc_drop`'s tests across tasks showed."""
+
+    POOLED = "pooled"  # the pooled drop (the pooled test; clear and undecided read it too)
+    SOME_TASK = "some_task"  # that some task dropped beyond the threshold (max-drop or Fisher), the worst named
+
+
 @dataclass(frozen=True, eq=False)
 class Across(_Record):
     """What `overall:acc_drop` showed across tasks: the pooled drop, or that some task dropped (the worst named)."""
 
-    shows: str  # "pooled" or "some_task"
+    shows: Shows
     worst_task: str | None = None
     p_methods: dict[str, float] | None = None  # the pooled, max-drop and Fisher p-values (absent without a test)
 
@@ -294,7 +301,7 @@ def decision_of(d: Mapping) -> ThresholdDecision:
     """A decision typed: as it is, or a report.json decision read back."""
     if isinstance(d, ThresholdDecision):
         return d
-    across = Across(d["shows"], d.get("worst_task"), d.get("p_methods")) if "shows" in d else None
+    across = Across(Shows(d["shows"]), d.get("worst_task"), d.get("p_methods")) if "shows" in d else None
     own = {f.name for f in fields(ThresholdDecision)} - {"reason", "across", "decision", "interval", "evidence"}
     interval, evidence = d.get("interval"), d.get("evidence")  # (reports before 0.1.0 name no evidence)
     return ThresholdDecision(**{k: d.get(k) for k in own}, decision=Decision(d["decision"]), reason=Reason.read(d),
