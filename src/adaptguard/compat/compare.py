@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..plugins import get_similarity
 from .comparison import Comparison, TaskComparison
-from .decide import across_verdict, churn, flag_regressions, is_churn, pooled_entry
+from .decide import across_verdict, churn, churn_rule, flag_regressions, is_churn, pooled_entry
 from .reading.formats import read_runs
 from .reading.records import group_view, load_record, restrict, sequential_entry
 from .reading.runs import RunError, Sample, TaskRun, same_choices
@@ -245,9 +245,7 @@ def _group_churn(entry: Mapping, seq: dict, chance: float, guess: float, alpha: 
     p_new = binomial_p(int(new.sum()), len(new), guess, greater=False) if both and len(new) else 1.0
     rate = min(1.0, chance * (1 - guess) * big_n / m_r) if m_r else 0.0
     p_flips = binomial_p(int((old & ~new).sum()), int(old.sum()), rate, greater=True) if old.any() else 1.0
-    return {"chance": chance, "guess_rate": guess, "old_acc": m_r / big_n, "new_acc": entry.get("new_acc"),
-            "p_above_chance": p_old, "p_new_below_chance": p_new, "p_flips_beyond_guessing": p_flips,
-            "churn": p_old >= alpha and p_new >= alpha and p_flips >= alpha}
+    return churn_rule(chance, guess, m_r / big_n, entry.get("new_acc"), (p_old, p_new, p_flips), alpha)
 
 
 def _baseline_samples(old: dict, task: str, filt: str, entry, record: dict | None) -> list:

@@ -72,7 +72,15 @@ def churn(old_correct: float, new_correct: float, negative_flips: float, n: int,
     p_old = binomial_p(old_correct, n, chance, greater=True)
     p_new = binomial_p(new_correct, n, guess_rate, greater=False)
     p_flips = binomial_p(negative_flips, n, chance * (1 - guess_rate), greater=True)
-    return {"chance": chance, "guess_rate": guess_rate, "old_acc": old_correct / n, "new_acc": new_correct / n,
+    return churn_rule(chance, guess_rate, old_correct / n, new_correct / n, (p_old, p_new, p_flips), alpha)
+
+
+def churn_rule(chance: float, guess_rate: float, old_acc: float, new_acc: float | None,
+               p: tuple[float, float, float], alpha: float) -> dict:
+    """The churn entry from the three tests' p-values (old above chance, new below a guess, flips beyond guessing):
+    churn when none of them rejects at `alpha` (the one rule, for one run and for a group-sequential run)."""
+    p_old, p_new, p_flips = p
+    return {"chance": chance, "guess_rate": guess_rate, "old_acc": old_acc, "new_acc": new_acc,
             "p_above_chance": p_old, "p_new_below_chance": p_new, "p_flips_beyond_guessing": p_flips,
             "churn": p_old >= alpha and p_new >= alpha and p_flips >= alpha}
 
