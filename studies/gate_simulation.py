@@ -9,7 +9,7 @@
 
     python studies/gate_simulation.py --out studies/results/gate_simulation.json   # ~1 min on 2 cores
 
-Items follow `adaptguard.compat.stats.simulate` (difficulty N(0.5, 2) on the logit scale, run × item churn Logistic(0, 1)).
+Items follow `studies/simulate.py` (difficulty N(0.5, 2) on the logit scale, run × item churn Logistic(0, 1)).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from adaptguard.compat.decide import across_tasks, pooled_entry
 from adaptguard.compat.evidence import p_beyond
 from adaptguard.compat.stats.metrics import flip_metrics
 from adaptguard.compat.stats.replicates import benjamini_hochberg, items_beyond_noise
-from adaptguard.compat.stats.simulate import simulate_runs
+from studies.simulate import simulate_runs
 
 
 def across(sims: int, tasks: int, n: int, share: float, seed: int, alpha: float = 0.05) -> dict:

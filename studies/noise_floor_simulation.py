@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from adaptguard.compat.stats.replicates import replicate_flips
-from adaptguard.compat.stats.simulate import simulate_runs, true_excess_nfr
+from studies.simulate import simulate_runs, true_excess_nfr
 
 
 def rates(runs: int, method: str, sims: int, seed: int, n_items: int, sd_run: float, drop: float = 0.0,

@@ -149,10 +149,16 @@ def e1_rule(lo: float, hi: float) -> str:
     return "not reproduced" if (hi - lo) / 2 <= 0.05 else "inconclusive"
 
 
+def fcr_level(q: float, n_selected: int, m: int) -> float:
+    """The false-coverage-rate adjusted interval level of Benjamini & Yekutieli (2005): 1 − max(R, 1) · q / m, so a
+    comparison's adjusted interval excludes 0 exactly when BH at q selects it."""
+    return 1 - max(n_selected, 1) * q / m
+
+
 def decide_family(comparisons: list[dict], q: float = Q) -> float:
     """BH at `q` over the family's two-sided p-values; each comparison gains `p_bh`, `selected`, the FCR-adjusted
     `level` and its `adjusted_ci`, and `mde` at that level. Returns the level."""
-    from adaptguard.compat.stats.replicates import benjamini_hochberg, fcr_level, min_detectable_effect, t_interval
+    from adaptguard.compat.stats.replicates import benjamini_hochberg, min_detectable_effect, t_interval
 
     selected, adjusted = benjamini_hochberg([c["p_value"] for c in comparisons], q)
     level = fcr_level(q, sum(selected), len(comparisons))
@@ -165,7 +171,7 @@ def decide_family(comparisons: list[dict], q: float = Q) -> float:
 def _secondary(family: list[dict], rule=None) -> dict[int, str]:
     """The verdicts the library's moment estimator (`compat.stats.replicates.crossed_variance`) gives the same family
     (BH and FCR-adjusted intervals as the registered one): reported beside the registered verdict."""
-    from adaptguard.compat.stats.replicates import benjamini_hochberg, fcr_level, t_interval
+    from adaptguard.compat.stats.replicates import benjamini_hochberg, t_interval
 
     selected, _ = benjamini_hochberg([c["moments"]["p_value"] for c in family], Q)
     level = fcr_level(Q, sum(selected), len(family))

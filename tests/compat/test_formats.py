@@ -177,7 +177,7 @@ def test_lighteval_without_doc_ids_keys_by_row_and_mixed_sides_must_match(tmp_pa
 
 # --------------------------------------------------------------------------------------------------- JSONL
 def test_the_jsonl_form_with_tasks_and_epochs(tmp_path):
-    from adaptguard.compat.stats.simulate import simulate_runs
+    from studies.simulate import simulate_runs
 
     old, new, _ = simulate_runs(np.random.default_rng(2), 200, 3, 3, drop=5.0, share=0.3, sd_run=0.1)
     old, new = old.astype(bool), new.astype(bool)

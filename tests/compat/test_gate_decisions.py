@@ -15,7 +15,7 @@ from adaptguard.compat.evidence import p_beyond
 from adaptguard.compat.gate import Threshold, check_gate, describe, exit_status
 from adaptguard.compat.stats.metrics import combined_drop_p, exact_rate_ci, flip_metrics, paired_drop_p, tango_z
 from adaptguard.compat.stats.replicates import items_beyond_noise
-from adaptguard.compat.stats.simulate import simulate_runs
+from studies.simulate import simulate_runs
 
 
 def entry(n, old_right, neg, pos, churn=False):

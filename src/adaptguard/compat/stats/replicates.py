@@ -355,7 +355,3 @@ def benjamini_hochberg(p_values, q: float = 0.05) -> tuple[list[bool], list[floa
     return (adjusted <= q).tolist(), adjusted.tolist()
 
 
-def fcr_level(q: float, n_selected: int, m: int) -> float:
-    """The false-coverage-rate adjusted interval level of Benjamini & Yekutieli (2005): 1 − max(R, 1) · q / m, so a
-    comparison's adjusted interval excludes 0 exactly when BH at q selects it."""
-    return 1 - max(n_selected, 1) * q / m
