@@ -3,6 +3,8 @@ undecided beyond / within / at the threshold, raw values, "some task"), every wa
 reach, thresholds as written (`0.799%`), `headline`'s and `describe`'s whole text and the exit status of each
 outcome. The decisions are built here field by field, so the expected text depends on nothing the program computed."""
 
+from fractions import Fraction
+
 import pytest
 
 from adaptguard.compat.gate import decision_line, describe, exit_status, headline
@@ -160,3 +162,54 @@ def test_reasons_are_codes_with_their_sentence_beside_and_old_reports_still_read
         back = Gate.of({"significance": 0.05, "thresholds": ["nfr>2%"], "decisions": [], "left_out": left})
         assert [x.reason for x in back.left_out] == [LeftOutReason.CHURN, LeftOutReason.UNDEFINED]
         assert describe(back) == describe(gate)
+
+
+ALL = ("nfr, pfr, btc, inconsistency_flips, old_acc, new_acc, smooth_nfr, smooth_pfr, acc_drop, excess_nfr, m_g, m_r, "
+       "mean_delta, delta_nfr, delta_nfr_pct, delta_pfr, delta_pfr_pct, delta_inconsistency_flips, "
+       "delta_inconsistency_flips_pct, delta_smooth_nfr, delta_smooth_nfr_pct, delta_smooth_pfr, delta_smooth_pfr_pct, "
+       "delta_m_g, delta_m_g_pct, delta_m_r, delta_m_r_pct")
+
+
+@pytest.mark.parametrize("expr, message", [
+    ("nfr", "expected [TASKGLOB:]METRIC>VALUE or [TASKGLOB:]METRIC<VALUE, e.g. 'nfr>0.02' or 'mmlu_*:btc<0.95'"),
+    ("mmlu:nfr=2%", "expected [TASKGLOB:]METRIC>VALUE or [TASKGLOB:]METRIC<VALUE, e.g. 'nfr>0.02' or "
+                    "'mmlu_*:btc<0.95'"),
+    ("NFR>2%", f"unknown metric 'NFR'; did you mean nfr? (all: {ALL})"),
+    ("nrf>2%", f"unknown metric 'nrf'; did you mean nfr? (all: {ALL})"),
+    ("zzz>2%", f"unknown metric 'zzz'; known: {ALL}"),
+    ("nfr>abc", "the threshold 'abc' is not a finite number"),
+    ("nfr>nan", "the threshold 'nan' is not a finite number"),
+    ("nfr>inf%", "the threshold 'inf%' is not a finite number"),
+    ("nfr>1e999", "the threshold '1e999' is not a finite number"),
+    ("m_r>2%", "m_r is not a rate; give its threshold without %"),
+    ("nfr>1", "nfr is a rate (the table prints it in %): write 1% or 100% (1 alone could mean either)"),
+    ("acc_drop<-1", "acc_drop is a rate (the table prints it in %): write -1% or -100% (1 alone could mean either)"),
+    ("nfr>2", "nfr is a rate (the table prints it in %): write 2% or 0.02"),
+    ("nfr>-5%", "nfr lies between 0% and 100%; a threshold of -5% would decide nothing"),
+    ("btc<100.5%", "btc lies between 0% and 100%; a threshold of 100.5% would decide nothing"),
+    ("acc_drop>-101%", "acc_drop lies between -100% and 100%; a threshold of -101% would decide nothing"),
+])
+def test_each_refused_threshold_says_why_in_its_own_words(expr, message):
+    from adaptguard.compat.gate import GateError, Threshold
+
+    with pytest.raises(GateError) as err:
+        Threshold.parse(expr)
+    assert str(err.value) == f"--fail-on {expr!r}: {message}"
+
+
+@pytest.mark.parametrize("expr, fields", [
+    ("nfr>0.7%", ("nfr", ">", "*", Fraction(7, 1000))),  # the decimal as written: 0.7 / 100 in floats is below it
+    (" mmlu_*:btc<95% ", ("btc", "<", "mmlu_*", Fraction(19, 20))),
+    ("overall:acc_drop>-2.5%", ("acc_drop", ">", "overall", Fraction(-1, 40))),
+    ("m_r>0.125", ("m_r", ">", "*", Fraction(1, 8))),
+    ("t :nfr < 0%", ("nfr", "<", "t", Fraction(0))),
+])
+def test_a_threshold_is_kept_exactly_as_written(expr, fields):
+    from adaptguard.compat.gate import Threshold
+
+    t = Threshold.parse(expr)
+    assert (t.metric, t.op, t.tasks, t.exact) == fields and t.expr == expr and t.value == float(fields[3])
+    # made from a float (the API's way), the threshold is the decimal its shortest repr writes
+    made = Threshold(expr="x", metric=t.metric, op=t.op, value=float(fields[3]))
+    assert made.exact == Fraction(repr(float(fields[3])))
+    assert Threshold(expr="x", metric="nfr", op=">", value=0.007).exact == Fraction(7, 1000)
