@@ -213,3 +213,56 @@ def test_a_threshold_is_kept_exactly_as_written(expr, fields):
     made = Threshold(expr="x", metric=t.metric, op=t.op, value=float(fields[3]))
     assert made.exact == Fraction(repr(float(fields[3])))
     assert Threshold(expr="x", metric="nfr", op=">", value=0.007).exact == Fraction(7, 1000)
+
+
+ONE = {"n": 100, "old_acc": 0.6, "new_acc": 0.5, "n_negative_flips": 12, "n_positive_flips": 2, "nfr": 0.12,
+       "pfr": 0.02, "btc": 0.8, "inconsistency_flips": None}
+
+
+def _replicated():
+    import numpy as np
+
+    from adaptguard.compat.stats.replicates import replicate_flips
+
+    rng = np.random.default_rng(0)
+    r = replicate_flips(rng.random((2, 50)) < 0.7, rng.random((2, 50)) < 0.6, level=0.9)
+    return {"n": 50, "old_acc": r["old_acc"], "new_acc": r["new_acc"], "nfr": r["nfr"], "pfr": r["pfr"],
+            "replicates": r}
+
+
+@pytest.mark.parametrize("expr, significance, message", [
+    ("excess_nfr>1%", 0.05, "--fail-on 'excess_nfr>1%': excess_nfr needs replicate runs on a side (OLD or NEW as "
+                            "RUN1,RUN2,...): with one run each, nothing measures the noise floor of reruns"),
+    ("m_g>0.1", 0.05, "--fail-on 'm_g>0.1': m_g has no significance test; use one of nfr, pfr, btc, "
+                      "inconsistency_flips, old_acc, new_acc, smooth_nfr, smooth_pfr, acc_drop, or gate it with "
+                      "--significance off"),
+    ("smooth_nfr>2%", None, "--fail-on 'smooth_nfr>2%': no matched task reports smooth_nfr (excess_nfr needs "
+                            "replicate runs: OLD or NEW as run1,run2; a generation task needs --similarity for "
+                            "smooth_*; inconsistency_flips needs predictions; delta_* needs --compatible)"),
+    ("overall:nfr>2%", 0.05, "--fail-on 'overall:nfr>2%': across tasks only acc_drop is combined (Kübler et al.'s "
+                             "pooled, max-drop and Fisher tests); gate nfr per task, e.g. 'nfr>...'"),
+    ("zz*:nfr>2%", 0.05, "--fail-on 'zz*:nfr>2%': no task matches 'zz*'; tasks: t"),
+    ("nfr>2%", 1.5, "--significance 1.5: must be in (0, 1), e.g. 0.05"),
+    ("nfr>2%", 0.0, "--significance 0.0: must be in (0, 1), e.g. 0.05"),
+    ("pfr>2%", "replicates", "--fail-on 'pfr>2%': pfr has no significance test over replicate runs; use one of nfr, "
+                             "acc_drop, excess_nfr, or gate it with --significance off"),
+])
+def test_each_threshold_the_report_cannot_take_is_refused_in_its_words(expr, significance, message):
+    from adaptguard.compat.gate import GateError, Threshold, check_gate
+
+    entry = _replicated() if significance == "replicates" else ONE
+    with pytest.raises(GateError) as err:
+        check_gate({"tasks": {"t": entry}}, [Threshold.parse(expr)], 0.05 if significance == "replicates" else
+                   significance)
+    assert str(err.value) == message
+
+
+def test_a_metric_a_task_lacks_is_left_out_and_with_no_test_raw_values_pass_the_refusal():
+    from adaptguard.compat.gate import Threshold, check_gate
+
+    gate = check_gate({"tasks": {"t": ONE}}, [Threshold.parse("inconsistency_flips>1%")], 0.05)
+    assert gate.decisions == [] and [dict(x) for x in gate.left_out] == [
+        {"task": "t", "expr": "inconsistency_flips>1%", "why": "inconsistency_flips is not defined on this task",
+         "why_code": "undefined"}]
+    gate = check_gate({"tasks": {"t": {**ONE, "m_g": 0.3}}}, [Threshold.parse("m_g>0.1")], None)  # off: raw values
+    assert [(d.decision.value, d.reason.value) for d in gate.decisions] == [("breach", "beyond")]
