@@ -84,7 +84,7 @@ def test_gate_bad_thresholds():
     gate = check_gate(report, [Threshold.parse("inconsistency_flips>0")])
     assert not gate["breaches"] and gate["status"] == "undecided" and gate["nothing_decided"]
     assert gate["left_out"] == [{"task": "t", "expr": "inconsistency_flips>0",
-                                 "why": "inconsistency_flips is not defined on this task"}]
+                                 "why": "inconsistency_flips is not defined on this task", "why_code": "undefined"}]
 
 
 def test_compare_gate_on_real_runs(lm_runs, tmp_path):
