@@ -187,6 +187,8 @@ def test_a_killed_run_resumes_where_it_stopped(runs, embedded_path, tmp_path, ca
     (samples,) = (tmp_path / "out").glob("samples_t_mc_*.jsonl")
     docs = [json.loads(x)["doc_id"] for x in samples.read_text().splitlines()]
     assert len(docs) == len(set(docs)) == N and t["done"] == N  # nothing evaluated twice, nothing skipped
+    assert t["decisions"] == {"pfr>0.5%": by_hand(runs / "right", tmp_path / "out", "pfr>0.5%")} == {
+        "pfr>0.5%": "undecided"}
     assert [sorted(c["t_mc"]) for c in calls[:2]] == [sorted(t["order"][:40]), sorted(t["order"][40:80])]
     # the same settings resume; others are refused, naming the folder
     assert evaluate(runs, embedded_path, tmp_path / "out", "right", "nfr>5%") == 2
@@ -243,6 +245,7 @@ def test_a_kill_between_the_first_samples_and_the_record_resumes(runs, embedded_
     assert evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%") == 3, capsys.readouterr().err
     t = record(tmp_path / "out")
     assert calls == [sorted(t["order"][40:80]), sorted(t["order"][80:])]  # the first chunk not evaluated again
+    assert t["decisions"] == {"pfr>0.5%": by_hand(runs / "right", tmp_path / "out", "pfr>0.5%")}
     monkeypatch.setattr(lm_eval, "simple_evaluate", real_evaluate)
     assert evaluate(runs, embedded_path, tmp_path / "whole", "right", "pfr>0.5%") == 3
     assert t == record(tmp_path / "whole")
@@ -314,6 +317,7 @@ def test_a_second_run_on_one_output_path_is_refused_while_the_first_holds_it(run
     t = record(out)
     docs = [s["doc_id"] for s in samples_of(out)]
     assert len(docs) == len(set(docs)) == N == t["done"] and (out / LOCK).is_file()
+    assert t["decisions"] == {"pfr>0.5%": by_hand(runs / "right", out, "pfr>0.5%")}
     assert compare_decisions(capsys, runs / "right", out, "pfr>0.5%") == t["decisions"]
 
 
@@ -410,6 +414,8 @@ def test_a_kill_in_the_middle_of_a_stratum_resumes_to_the_uninterrupted_result(r
     code = evaluate(runs, embedded_path, tmp_path / "out", "mixed", "nfr>35%", extra=("--chunk", "25"))
     whole = evaluate(runs, embedded_path, tmp_path / "whole", "mixed", "nfr>35%", extra=("--chunk", "25"))
     assert code == whole and record(tmp_path / "out") == record(tmp_path / "whole")
+    t = record(tmp_path / "out")
+    assert t["decisions"] == {"nfr>35%": by_hand(mixed, tmp_path / "out", "nfr>35%")} and code == exit_of(t["decisions"])
     assert sorted(s["doc_id"] for s in samples_of(tmp_path / "out")) == sorted(evaluated_docs(tmp_path / "whole"))
 
 
