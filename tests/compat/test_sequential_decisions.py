@@ -88,12 +88,12 @@ CASES = [  # (threshold, N, M_R, rates of flips and fixes to draw from, look eve
 ]
 
 
-@pytest.mark.parametrize("expr, big_n, m_r, rates, every, runs", CASES, ids=[c[0] for c in CASES])
-def test_each_decision_equals_the_second_implementation(expr, big_n, m_r, rates, every, runs):
+@pytest.mark.parametrize("expr, big_n, m_r, rates, every, n_runs", CASES, ids=[c[0] for c in CASES])
+def test_each_decision_equals_the_second_implementation(expr, big_n, m_r, rates, every, n_runs):
     t = Threshold.parse(expr)
     rng = np.random.default_rng(95)
     seen = Counter()
-    for i in range(runs):
+    for i in range(n_runs):
         flip_rate, fix_rate = rates[i % len(rates)]
         old, new, looks = run(rng, big_n, m_r, flip_rate, fix_rate, every, r_first=i % 3 == 2)
         entry = entry_of(old, new, looks, big_n)
@@ -138,7 +138,7 @@ def test_each_decision_equals_the_second_implementation(expr, big_n, m_r, rates,
         seen[("early " if want["at"] is not None and looks[want["at"]] < big_n and
               (want["decision"] != "undecided") and not _strata_done(old, looks[want["at"]], t.metric) else "")
              + want["decision"]] += 1
-    assert seen["ambiguous"] <= runs // 5, seen  # the comparison is not emptied by the grid
+    assert seen["ambiguous"] <= n_runs // 5, seen  # the comparison is not emptied by the grid
     # every kind of outcome occurs: a bug in any branch shows
     outcomes = set(seen) - {"ambiguous"}
     assert {"early breach", "early clear"} <= outcomes, seen
