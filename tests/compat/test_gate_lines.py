@@ -79,7 +79,8 @@ LINES = [
 ]
 
 
-@pytest.mark.parametrize("decision, line", LINES, ids=[line.split("  [")[0][:60] for _, line in LINES])
+@pytest.mark.parametrize("decision, line", LINES, ids=[f"{i}-{d.decision.value}-{d.reason.value}" for i, (d, _) in
+                                                        enumerate(LINES)])  # ASCII ids: mutmut runs tests by id
 def test_each_decision_reads_as_written_by_hand(decision, line):
     assert decision_line(decision) == line
     assert decision_line(dict(decision)) == line  # as report.json holds it
@@ -188,7 +189,7 @@ ALL = ("nfr, pfr, btc, inconsistency_flips, old_acc, new_acc, smooth_nfr, smooth
     ("nfr>-5%", "nfr lies between 0% and 100%; a threshold of -5% would decide nothing"),
     ("btc<100.5%", "btc lies between 0% and 100%; a threshold of 100.5% would decide nothing"),
     ("acc_drop>-101%", "acc_drop lies between -100% and 100%; a threshold of -101% would decide nothing"),
-])
+], ids=lambda x: x if len(x) < 20 else "message")
 def test_each_refused_threshold_says_why_in_its_own_words(expr, message):
     from adaptguard.compat.gate import GateError, Threshold
 
@@ -203,7 +204,7 @@ def test_each_refused_threshold_says_why_in_its_own_words(expr, message):
     ("overall:acc_drop>-2.5%", ("acc_drop", ">", "overall", Fraction(-1, 40))),
     ("m_r>0.125", ("m_r", ">", "*", Fraction(1, 8))),
     ("t :nfr < 0%", ("nfr", "<", "t", Fraction(0))),
-])
+], ids=["percent", "glob", "overall", "score", "spaces"])
 def test_a_threshold_is_kept_exactly_as_written(expr, fields):
     from adaptguard.compat.gate import Threshold
 
@@ -246,7 +247,7 @@ def _replicated():
     ("nfr>2%", 0.0, "--significance 0.0: must be in (0, 1), e.g. 0.05"),
     ("pfr>2%", "replicates", "--fail-on 'pfr>2%': pfr has no significance test over replicate runs; use one of nfr, "
                              "acc_drop, excess_nfr, or gate it with --significance off"),
-])
+], ids=["excess_nfr", "m_g", "smooth_nfr", "overall_nfr", "no_task", "alpha_1.5", "alpha_0", "replicates"])
 def test_each_threshold_the_report_cannot_take_is_refused_in_its_words(expr, significance, message):
     from adaptguard.compat.gate import GateError, Threshold, check_gate
 
