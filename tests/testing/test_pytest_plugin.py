@@ -5,7 +5,7 @@ each test fails, skips or passes as the gate decides, with the gate's own lines;
 import sys
 
 import pytest
-from shipped_lines import BREACH, P_BREACH, UNDECIDED, decides_at
+from shipped_lines import BREACH, N_ITEMS, P_BREACH, UNDECIDED, K, decides_at
 
 from adaptguard.testing import GateInputError, assert_compatible, take_checked
 
@@ -196,3 +196,54 @@ def test_the_section_lists_the_workers_gates_under_xdist(pytester):
     assert sorted(section[:2]) == [
         "test_split.py::test_one: [nfr>50%] example:fp32 → example:int8: clear (0 breach, 0 undecided, 2 clear), passed",
         "test_split.py::test_two: [nfr>30%] example:fp32 → example:int8: undecided (0 breach, 1 undecided, 1 clear), passed"]
+
+
+def test_each_gate_checked_is_recorded_in_one_line_and_a_skip_says_how_far_the_data_reach():
+    """Without pytester (the mutation run's fast lane): the line each call records for the plugin's section, word
+    for word, for each outcome and for bad input; the skip's message is the undecided lines of the gate."""
+    take_checked()
+    assert_compatible("example:fp32", "example:int8", "nfr>50%", tasks="bb_general_*")
+    assert_compatible("example:fp32", ["example:int8"], "nfr>30%", "nfr>50%", undecided="pass",
+                      tasks="bb_general_*")
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        assert_compatible("example:fp32", "example:int8", ["nfr>30%"], undecided="skip", tasks="bb_general_*")
+    assert decides_at(UNDECIDED.fullmatch(str(skipped.value.msg).removeprefix("undecided: ")))
+    with pytest.raises(AssertionError):
+        assert_compatible("example:fp32", "example:int8", "nfr>10%", tasks="bb_general_*")
+    with pytest.raises(GateInputError):
+        assert_compatible("example:fp32", "example:int8", "nfr>10")
+    assert take_checked() == [
+        "[nfr>50%] example:fp32 → example:int8: clear (0 breach, 0 undecided, 1 clear), passed",
+        "[nfr>30%, nfr>50%] example:fp32 → example:int8: undecided (0 breach, 1 undecided, 1 clear), passed",
+        "[nfr>30%] example:fp32 → example:int8: undecided (0 breach, 1 undecided, 0 clear), skipped",
+        "[nfr>10%] example:fp32 → example:int8: breach (1 breach, 0 undecided, 0 clear), failed",
+        f"[nfr>10] example:fp32 → example:int8: bad input: {BAD_RULE.removeprefix('adaptguard: ')}",
+    ] and take_checked() == []
+
+
+def test_the_level_and_compares_options_reach_compare(tmp_path):
+    """`significance` is compare's level too (its intervals at 1 − 2α), `compatible` is compare's --compatible (the
+    delta rows appear), and an empty run in a list of replicates is refused naming its side."""
+    import math
+
+    from scipy.stats import beta
+
+    gate = assert_compatible("example:fp32", "example:int8", "nfr>30%", significance=0.01, undecided="pass",
+                             tasks="bb_general_*")
+    (d,) = gate["decisions"]
+    assert d["level"] == pytest.approx(0.98) and d["interval"][0] == pytest.approx(
+        beta.ppf(0.01, K, N_ITEMS - K + 1), rel=1e-9)  # the Clopper–Pearson lower end at 99 %
+    gate = assert_compatible("example:fp32", "example:int8", "delta_nfr>50%", compatible="example:fp32",
+                             significance="off", tasks="bb_general_*")
+    (d,) = gate["decisions"]
+    assert d["metric"] == "delta_nfr" and math.isfinite(d["value"])
+    for side, args in (("old", (["example:fp32", ""], "example:int8")), ("new", ("example:fp32", "example:int8,"))):
+        with pytest.raises(GateInputError) as err:
+            assert_compatible(*args, "nfr>10%")
+        assert str(err.value).startswith(f"adaptguard: {side} ") and "an empty run in a list of replicates" in str(
+            err.value)
+    with pytest.raises(TypeError) as err:
+        assert_compatible("example:fp32", "example:int8", "nfr>50%", colour="red", size=2)
+    assert str(err.value) == ("assert_compatible: unknown option colour, size; compare's: similarity, metric, "
+                              "compatible, n_boot, seed, include_churn, tasks, common_tasks, scorer")
+    take_checked()
