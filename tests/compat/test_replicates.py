@@ -411,3 +411,31 @@ def test_the_two_level_bootstrap_se_by_loops_on_the_same_draws():
             total += cross - floor
         stats.append(total / 40)
     assert got == pytest.approx(np.std(stats, ddof=1), rel=1e-9)
+
+
+def test_the_paired_difference_interval_and_its_edges_by_hand():
+    """ci = diff ± t_{df, (1 + level)/2} · se (scipy's t quantile); with no spread at all the p-value is 1 at a
+    difference of 0 and 0 otherwise."""
+    from scipy.stats import t
+
+    from adaptguard.compat.stats.replicates import paired_runs_difference
+
+    rng = np.random.default_rng(8)
+    a, b = rng.random((3, 60)) < 0.3, rng.random((3, 60)) < 0.2
+    r = paired_runs_difference(a, b, level=0.9)
+    half = t.ppf(0.95, r["df"]) * r["se"]
+    assert r["ci"] == (pytest.approx(r["diff"] - half), pytest.approx(r["diff"] + half))
+    assert r["diff"] == pytest.approx((a.astype(float) - b.astype(float)).mean())
+    same = np.ones((2, 10), bool)
+    assert paired_runs_difference(same, same)["p_value"] == 1.0
+    shifted = paired_runs_difference(same, np.zeros((2, 10), bool))
+    assert (shifted["diff"], shifted["se"], shifted["p_value"]) == (1.0, 0.0, 0.0)
+
+
+def test_a_chance_level_needs_counts_of_choices():
+    from adaptguard.compat.stats.replicates import chance_rate
+
+    for bad in ([], [0, 2]):
+        with pytest.raises(ValueError) as err:
+            chance_rate([0] * len(bad), bad)
+        assert str(err.value) == "n_choices must be a non-empty list of counts ≥ 1"

@@ -115,3 +115,19 @@ def test_issue_87s_arms_and_sizes_in_the_replay_file():
     for row in out["group_size_margin"]:
         bound = out["alpha"] + 3 * math.sqrt(out["alpha"] * (1 - out["alpha"]) / row["sims"])
         assert row["breach"] <= bound and row["clear"] <= bound, row
+
+
+def test_the_betting_e_processes_at_margins_of_plus_and_minus_one():
+    """No drop exceeds 1 or falls below −1: "drop > 1" and "drop < −1" never hold (wealth 1 throughout); "drop < 1"
+    is refuted (wealth ∞) from the first item that did not break, "drop > −1" from the first that was not fixed —
+    for the grid of bets and for aGRAPA alike; a run with no look yet has p = 1."""
+    from adaptguard.compat.stats.anytime import agrapa_e_process, anytime_p
+
+    x = [1, 1, 0, -1, 1]
+    for bet in (drop_e_process, agrapa_e_process):
+        assert list(bet(x, 1.0, True)) == [1.0] * 5 and list(bet(x, -1.0, False)) == [1.0] * 5
+        assert list(bet(x, 1.0, False)) == [1.0, 1.0, math.inf, math.inf, math.inf]
+        assert list(bet(x, -1.0, True)) == [math.inf] * 5
+        assert list(bet([-1, -1, 0], -1.0, True)) == [1.0, 1.0, math.inf]
+    empty = {"sequential": {"old": [], "new": [], "looks": []}}
+    assert anytime_p(empty, "nfr", 0.05, ">") == 1.0 and anytime_p(empty, "acc_drop", 0.0, ">") == 1.0
