@@ -50,6 +50,9 @@ LINES = [
     (nfr(U, Reason.WITHIN_NOT_SHOWN, 0.01, p_value=1.0, p_within=0.3, test="group", evidence=Evidence.GROUP),
      "arc: nfr = 1.00% ≤ 2.00% but not shown below it (p = 0.3 ≥ α, group; add items or runs to decide it)"
      "  [nfr>2%]"),
+    (ThresholdDecision(task="mmlu", expr="btc<95%", metric="btc", op="<", threshold=0.95, value=0.99,
+                       decision=C, reason=Reason.SHOWN_WITHIN, p_value=1.0, p_within=0.002, test=TEST),
+     "mmlu: btc = 99.00% > 95.00% shown (p = 0.002, exact binomial test)  [btc<95%]"),
     # --significance off: raw values
     (nfr(B, Reason.BEYOND, 0.031), "arc: nfr = 3.10% > 2.00%  [nfr>2%]"),
     (nfr(C, Reason.WITHIN, 0.01), "arc: nfr = 1.00% ≤ 2.00%  [nfr>2%]"),
@@ -126,12 +129,12 @@ def test_headline_describe_and_exit_status_of_each_outcome():
 
 
 def test_raw_values_never_say_the_data_support_anything():
-    beyond, within = LINES[9][0], LINES[10][0]
+    beyond, within = LINES[10][0], LINES[11][0]
     gate = Gate(None, ["nfr>2%"], [beyond, within])
     assert describe(gate) == (
         "gate: FAILED, a value beyond its threshold (raw values, no test; 1 breach, 0 undecided, 1 clear); "
         "--significance off: breach where a value is beyond its threshold, clear otherwise:\n"
-        f"  breach: {LINES[9][1]}")
+        f"  breach: {LINES[10][1]}")
     assert exit_status(gate) == 1
     assert headline(Gate(None, ["nfr>2%"], [within])) == (
         "gate: passed, no value beyond its threshold (raw values, no test; 0 breach, 0 undecided, 1 clear)")
@@ -245,9 +248,10 @@ def _replicated():
     ("zz*:nfr>2%", 0.05, "--fail-on 'zz*:nfr>2%': no task matches 'zz*'; tasks: t"),
     ("nfr>2%", 1.5, "--significance 1.5: must be in (0, 1), e.g. 0.05"),
     ("nfr>2%", 0.0, "--significance 0.0: must be in (0, 1), e.g. 0.05"),
+    ("nfr>2%", 1.0, "--significance 1.0: must be in (0, 1), e.g. 0.05"),
     ("pfr>2%", "replicates", "--fail-on 'pfr>2%': pfr has no significance test over replicate runs; use one of nfr, "
                              "acc_drop, excess_nfr, or gate it with --significance off"),
-], ids=["excess_nfr", "m_g", "smooth_nfr", "overall_nfr", "no_task", "alpha_1.5", "alpha_0", "replicates"])
+], ids=["excess_nfr", "m_g", "smooth_nfr", "overall_nfr", "no_task", "alpha_1.5", "alpha_0", "alpha_1", "replicates"])
 def test_each_threshold_the_report_cannot_take_is_refused_in_its_words(expr, significance, message):
     from adaptguard.compat.gate import GateError, Threshold, check_gate
 

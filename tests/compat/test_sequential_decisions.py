@@ -373,3 +373,22 @@ def test_a_group_entry_before_its_first_look_decides_nothing():
     # with an empty stratum its rate is known: no old-wrong item, so nothing to fix (pfr 0), whatever the looks
     full = entry_of(np.ones(50, bool), np.ones(50, bool), [], 50)
     assert decide_threshold("task", full, Threshold.parse("pfr>5%"), ALPHA).value == 0.0
+
+
+def test_anytime_test_names_and_a_task_with_no_look_across_tasks():
+    """The anytime decision names its test (the bet where acc_drop's is aGRAPA; "look" or "looks"); across tasks a
+    task with no look yet adds nothing to the product of wealths (its wealth is 1)."""
+    rng = np.random.default_rng(3)
+    old, new = rng.random(60) < 0.7, rng.random(60) < 0.5
+    one = decide_threshold("t", anytime_entry(old, new, [60], "agrapa"), Threshold.parse("acc_drop>0"), ALPHA)
+    assert one.test == "anytime-valid betting e-process (aGRAPA bet) over 1 look"
+    two = decide_threshold("t", anytime_entry(old, new, [30, 60]), Threshold.parse("nfr>5%"), ALPHA)
+    assert two.test == "anytime-valid beta-binomial mixture e-process over 2 looks"
+    t = Threshold.parse("overall:acc_drop>0")
+    full = anytime_entry(old, new, [30, 60])
+    none = {"n": 0, "old_acc": 0.5, "new_acc": 0.5, "sequential": {"old": [], "new": [], "looks": []}}
+    pooled = {"n": 60, "old_acc": float(old.mean()), "new_acc": float(new.mean()),
+              "n_negative_flips": int(np.sum(old & ~new)), "n_positive_flips": int(np.sum(~old & new))}
+    alone = decide_across("overall", ["a"], [full], pooled, t, ALPHA)
+    both = decide_across("overall", ["a", "b"], [full, none], pooled, t, ALPHA)
+    assert both.p_value == pytest.approx(alone.p_value, rel=1e-12)
