@@ -328,6 +328,7 @@ def test_the_comment_goes_over_http_as_githubs_api_asks(capsys):
         assert action.comment(env, "the report", None) == "https://github.com/o/r/pull/5#c9"
         (get, post) = seen
         assert (get[0], get[1], get[3]) == ("GET", "/repos/o/r/issues/5/comments?per_page=100&page=1", None)
+        assert "content-length" not in get[2]  # a GET sends no body
         assert (post[0], post[1]) == ("POST", "/repos/o/r/issues/5/comments")
         assert post[3] == {"body": action.comment_body("the report", action.MARKER.format(key=""), env)}
         for method, _, headers, _ in seen:
@@ -342,3 +343,26 @@ def test_the_comment_goes_over_http_as_githubs_api_asks(capsys):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_inputs_left_out_take_action_ymls_defaults_and_compare_never_sees_the_token(tmp_path, monkeypatch):
+    """With only old, new and fail-on given, compare runs at significance 0.05 (action.yml's default) and no HTML;
+    the token, given for the comment, is kept out of compare's environment."""
+    import subprocess
+    import sys
+
+    env = {"INPUT_OLD": "example:fp32", "INPUT_NEW": "example:int8", "INPUT_FAIL-ON": "nfr>2%"}
+    assert action.gate_command(env, "g.md", "g.json", "") == [
+        sys.executable, "-m", "adaptguard.cli", "compare", "example:fp32", "example:int8", "--fail-on=nfr>2%",
+        "--significance", "0.05", "--markdown", "g.md", "--json", "g.json"]
+    seen = {}
+
+    def fake_run(cmd, **kwargs):
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(cmd, 2, "", "adaptguard compare: error: stop here\n")
+
+    monkeypatch.setattr(action.subprocess, "run", fake_run)
+    result = action.run_gate({**env, "INPUT_GITHUB-TOKEN": "s3cret", "INPUT_GITHUB_TOKEN": "s3cret", "HOME": "/h"},
+                             tmp_path)
+    assert result["decision"] == "bad-input" and result["refusal"] == "adaptguard compare: error: stop here"
+    assert seen["HOME"] == "/h" and "s3cret" not in seen.values()
