@@ -128,10 +128,13 @@ def test_assert_compatible_reads_what_compare_reads(tmp_path):
     for copy, run in (("a", "fp32"), ("b", "fp32"), ("c", "int8")):  # two reruns of the old model, as a seed pair
         shutil.copytree(example_run_path(f"example:{run}"), tmp_path / copy)
     a, b, c = (str(tmp_path / x) for x in "abc")
+    take_checked()
     for old in ([a, b], f"{a},{b}"):
         gate = assert_compatible(old, c, "excess_nfr>50%")
         assert [(d["task"], d["decision"]) for d in gate["decisions"]] == [
             ("bb_date_understanding", "clear"), ("bb_general_knowledge", "clear")]
+    # the section's line names both replicates, as compare's command line would
+    assert take_checked() == [f"[excess_nfr>50%] {a},{b} → {c}: clear (0 breach, 0 undecided, 2 clear), passed"] * 2
     with pytest.raises(GateInputError) as err:
         assert_compatible(a, c, "excess_nfr>50%")
     assert str(err.value).startswith("adaptguard: --fail-on 'excess_nfr>50%': excess_nfr needs replicate runs")
