@@ -168,9 +168,9 @@ def test_exhausted_items_leave_the_threshold_undecided(runs, embedded_path, tmp_
 
 
 def test_a_killed_run_resumes_where_it_stopped(runs, embedded_path, tmp_path, capsys, monkeypatch):
-    import lm_eval
+    from lm_eval import evaluator
 
-    real, calls = lm_eval.simple_evaluate, []
+    real, calls = evaluator.evaluate, []
 
     def killed_on_the_third(*args, **kwargs):
         calls.append(kwargs["samples"])
@@ -178,10 +178,10 @@ def test_a_killed_run_resumes_where_it_stopped(runs, embedded_path, tmp_path, ca
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lm_eval, "simple_evaluate", killed_on_the_third)
+    monkeypatch.setattr(evaluator, "evaluate", killed_on_the_third)
     assert evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%") == 130
     assert record(tmp_path / "out")["done"] == 80
-    monkeypatch.setattr(lm_eval, "simple_evaluate", real)
+    monkeypatch.setattr(evaluator, "evaluate", real)
     assert evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%") == 3
     t = record(tmp_path / "out")
     (samples,) = (tmp_path / "out").glob("samples_t_mc_*.jsonl")
@@ -223,11 +223,11 @@ def test_a_kill_between_the_first_samples_and_the_record_resumes(runs, embedded_
     """Killed after the first chunk's samples are written but before the record counts them: a rerun with the same
     settings resumes from those samples (nothing evaluated twice) and ends as an uninterrupted run does. A folder
     holding other files is still refused, in one line."""
-    import lm_eval
+    from lm_eval import evaluator
 
     from adaptguard.compat.harness import until_decided
 
-    real_write, real_evaluate, calls = until_decided._write_samples, lm_eval.simple_evaluate, []
+    real_write, real_evaluate, calls = until_decided._write_samples, evaluator.evaluate, []
 
     def killed_after_the_samples(*args):
         real_write(*args)
@@ -241,12 +241,12 @@ def test_a_kill_between_the_first_samples_and_the_record_resumes(runs, embedded_
     assert evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%") == 130
     assert len(samples_of(tmp_path / "out")) == 40
     monkeypatch.setattr(until_decided, "_write_samples", real_write)
-    monkeypatch.setattr(lm_eval, "simple_evaluate", counted)
+    monkeypatch.setattr(evaluator, "evaluate", counted)
     assert evaluate(runs, embedded_path, tmp_path / "out", "right", "pfr>0.5%") == 3, capsys.readouterr().err
     t = record(tmp_path / "out")
     assert calls == [sorted(t["order"][40:80]), sorted(t["order"][80:])]  # the first chunk not evaluated again
     assert t["decisions"] == {"pfr>0.5%": by_hand(runs / "right", tmp_path / "out", "pfr>0.5%")}
-    monkeypatch.setattr(lm_eval, "simple_evaluate", real_evaluate)
+    monkeypatch.setattr(evaluator, "evaluate", real_evaluate)
     assert evaluate(runs, embedded_path, tmp_path / "whole", "right", "pfr>0.5%") == 3
     assert t == record(tmp_path / "whole")
     resumed, whole = samples_of(tmp_path / "out"), samples_of(tmp_path / "whole")
@@ -283,10 +283,10 @@ def test_a_second_run_on_one_output_path_is_refused_while_the_first_holds_it(run
     killed), a rerun resumes it, and `compare` reads the folder with the lock file in it."""
     import threading
 
-    import lm_eval
+    from lm_eval import evaluator
 
     out = tmp_path / "out"
-    real, calls, reached, release, codes = lm_eval.simple_evaluate, [], threading.Event(), threading.Event(), []
+    real, calls, reached, release, codes = evaluator.evaluate, [], threading.Event(), threading.Event(), []
 
     def held_at_the_second_chunk(*args, **kwargs):
         calls.append(kwargs["samples"])
@@ -296,7 +296,7 @@ def test_a_second_run_on_one_output_path_is_refused_while_the_first_holds_it(run
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lm_eval, "simple_evaluate", held_at_the_second_chunk)
+    monkeypatch.setattr(evaluator, "evaluate", held_at_the_second_chunk)
     first = threading.Thread(target=lambda: codes.append(evaluate(runs, embedded_path, out, "right", "pfr>0.5%")))
     first.start()
     try:
@@ -310,7 +310,7 @@ def test_a_second_run_on_one_output_path_is_refused_while_the_first_holds_it(run
     assert code == 2 and len(calls) == 2, err  # refused before evaluating anything
     assert f"--output-path {out}: another evaluate run" in err and len(err.strip().splitlines()) == 1, err
     assert codes == [130] and record(out)["done"] == 40
-    monkeypatch.setattr(lm_eval, "simple_evaluate", real)
+    monkeypatch.setattr(evaluator, "evaluate", real)
     assert evaluate(runs, embedded_path, out, "right", "pfr>0.5%") == 3
     from adaptguard.compat.harness.until_decided import LOCK
 
@@ -397,9 +397,9 @@ def test_the_last_look_decides_as_compare_on_all_items(runs, embedded_path, tmp_
 
 def test_a_kill_in_the_middle_of_a_stratum_resumes_to_the_uninterrupted_result(runs, embedded_path, tmp_path,
                                                                                capsys, monkeypatch, mixed):
-    import lm_eval
+    from lm_eval import evaluator
 
-    real, calls = lm_eval.simple_evaluate, []
+    real, calls = evaluator.evaluate, []
 
     def killed_on_the_second(*args, **kwargs):
         calls.append(kwargs["samples"])
@@ -407,10 +407,10 @@ def test_a_kill_in_the_middle_of_a_stratum_resumes_to_the_uninterrupted_result(r
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lm_eval, "simple_evaluate", killed_on_the_second)
+    monkeypatch.setattr(evaluator, "evaluate", killed_on_the_second)
     assert evaluate(runs, embedded_path, tmp_path / "out", "mixed", "nfr>35%", extra=("--chunk", "25")) == 130
     assert record(tmp_path / "out")["done"] == 25  # killed inside the old-right stratum (60 items)
-    monkeypatch.setattr(lm_eval, "simple_evaluate", real)
+    monkeypatch.setattr(evaluator, "evaluate", real)
     code = evaluate(runs, embedded_path, tmp_path / "out", "mixed", "nfr>35%", extra=("--chunk", "25"))
     whole = evaluate(runs, embedded_path, tmp_path / "whole", "mixed", "nfr>35%", extra=("--chunk", "25"))
     assert code == whole and record(tmp_path / "out") == record(tmp_path / "whole")
@@ -434,3 +434,307 @@ def test_the_anytime_design_visits_every_item_and_bets_adaptively(runs, embedded
     report = tmp_path / "out.json"
     test = {d["expr"]: d["test"] for d in json.loads(report.read_text())["gate"]["decisions"]}
     assert "aGRAPA" in test["acc_drop>60%"]
+
+
+# ------------------------------------------------------------------ issue 97: each task built once, one call per look
+M = 60  # items per task of the two-task baseline
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory, embedded_path):
+    """Two tasks of 60 items (`t_a` zero-shot, `t_b` two-shot), the embedded model's plain lm-eval run of both
+    (`plain`), and a baseline made from it right on every item (`right`)."""
+    root = tmp_path_factory.mktemp("two")
+    tasks = root / "tasks"
+    tasks.mkdir()
+    rng = random.Random(1)
+    rows = [{"q": f"item {i}: pick", "choices": rng.sample(WORDS, 4), "label": i % 4} for i in range(M)]
+    (tasks / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name, shots in (("t_a", 0), ("t_b", 2)):
+        (tasks / f"{name}.yaml").write_text(f"""task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {tasks / 'mc.jsonl'}
+output_type: multiple_choice
+test_split: test
+fewshot_split: test
+num_fewshot: {shots}
+doc_to_text: "{{{{q}}}}"
+doc_to_target: label
+doc_to_choice: "{{{{choices}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+""")
+    proc = run_lm_eval_cli("--model", "hf", "--model_args", f"pretrained={embedded_path}", "--tasks", "t_a,t_b",
+                           "--include_path", tasks, "--device", "cpu", "--batch_size", "16", "--log_samples",
+                           "--output_path", root / "plain")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (results,) = (root / "plain").rglob("results_*.json")
+    (root / "right").mkdir()
+    (root / "right" / results.name).write_text(results.read_text())
+    for samples in (root / "plain").rglob("samples_*.jsonl"):
+        lines = [json.loads(x) for x in samples.read_text().splitlines()]
+        (root / "right" / samples.name).write_text("".join(json.dumps({**x, "acc": 1.0}) + "\n" for x in lines))
+    return root
+
+
+TWO_EXPRS = ("t_a:nfr>5%", "t_b:pfr>0.5%")  # t_a breaches at its first look; t_b runs to its last
+
+
+def evaluate_two(two, embedded_path, out):
+    args = ["evaluate", str(two / "right"), "--model-args", f"pretrained={embedded_path}", "--output-path", str(out),
+            "--include-path", str(two / "tasks"), "--chunk", "20", "--batch-size", "16", "--device", "cpu"]
+    return main(args + [x for e in TWO_EXPRS for x in ("--fail-on", e)])
+
+
+def prompts(sample) -> list[list[str]]:
+    """A sample's requests, [[context, continuation], ...], as lm-eval logs them in memory (a list per request) or
+    as its CLI writes them (`{"gen_args_0": {"arg_0": ..., "arg_1": ...}, ...}`)."""
+    args = sample["arguments"]
+    return [list(a.values()) for a in args.values()] if isinstance(args, dict) else [list(a) for a in args]
+
+
+def loglikelihoods(sample) -> list[float]:
+    return [float(r[0][0]) for r in sample["resps"]]
+
+
+def assert_same_answer(ours: dict, theirs: dict) -> None:
+    """One document's sample from two evaluations of one model: the same requests, loglikelihoods within 1e-4 (a
+    batch of other documents pads and orders the inputs otherwise), and the same answer where its two best choices
+    lie more than 1e-3 apart (beyond float noise)."""
+    assert prompts(ours) == prompts(theirs)
+    assert np.allclose(loglikelihoods(ours), loglikelihoods(theirs), atol=1e-4, rtol=0)
+    top = sorted(loglikelihoods(theirs))[-2:]
+    if top[1] - top[0] > 1e-3:
+        assert ours["acc"] == theirs["acc"]
+
+
+def task_samples(folder, task) -> list[dict]:
+    (samples,) = Path(folder).rglob(f"samples_{task}_*.jsonl")
+    return [json.loads(x) for x in samples.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def whole_two(two, embedded_path, tmp_path_factory):
+    """An uninterrupted two-task run, and the calls it made: [TaskManager.load's names], [each look's samples]."""
+    from lm_eval import evaluator
+    from lm_eval.tasks import TaskManager
+
+    out = tmp_path_factory.mktemp("whole") / "out"
+    loads, looks = [], []
+    real_load, real_evaluate = TaskManager.load, evaluator.evaluate
+
+    def load(self, names):
+        loads.append(list(names))
+        return real_load(self, names)
+
+    def evaluate_look(*args, **kwargs):
+        looks.append(kwargs["samples"])
+        return real_evaluate(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TaskManager, "load", load)
+        mp.setattr(evaluator, "evaluate", evaluate_look)
+        code = evaluate_two(two, embedded_path, out)
+    return out, code, loads, looks
+
+
+def test_each_task_is_built_once_and_a_look_is_one_call_across_the_running_tasks(two, whole_two, embedded_path):
+    """lm-eval builds each task once per run, and each look is one `evaluate` call on the next 20 documents of every
+    task still running: both tasks at the first look, then t_b alone once t_a has breached. The samples are lm-eval's
+    own: each document's prompt and answer as in a plain lm-eval run of the task (t_a), and, for the few-shot t_b, as
+    `simple_evaluate` gives on that look's documents alone (the few-shot sampler seeded at each look, as before the
+    task was built once). Same answers: `assert_same_answer`."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    from adaptguard.compat.harness.callback import task_manager
+
+    out, code, loads, looks = whole_two
+    data = json.loads((out / "sequential.json").read_text())["tasks"]
+    a, b = data["t_a"], data["t_b"]
+    assert code == 1 and a["decisions"] == {"t_a:nfr>5%": "breach"} and a["looks"] == [20]
+    assert b["decisions"] == {"t_b:pfr>0.5%": "undecided"} and b["looks"] == [20, 40, 60] and b["status"] == "exhausted"
+    assert loads == [["t_a", "t_b"]]
+    assert looks == [{"t_a": sorted(a["order"][:20]), "t_b": sorted(b["order"][:20])},
+                     {"t_b": sorted(b["order"][20:40])}, {"t_b": sorted(b["order"][40:60])}]
+    plain = {s["doc_id"]: s for s in task_samples(two / "plain", "t_a")}
+    ours = task_samples(out, "t_a")
+    assert sorted(s["doc_id"] for s in ours) == sorted(a["order"][:20])
+    for s in ours:
+        assert_same_answer(s, plain[s["doc_id"]])
+    ours = task_samples(out, "t_b")
+    assert [s["doc_id"] for s in ours] == looks[0]["t_b"] + looks[1]["t_b"] + looks[2]["t_b"]  # appended per look
+    lm = HFLM(pretrained=str(embedded_path), batch_size=16, device="cpu")
+    alone = simple_evaluate(model=lm, tasks=["t_b"], samples={"t_b": looks[1]["t_b"]}, log_samples=True,
+                            task_manager=task_manager(two / "tasks", ["t_b"]), bootstrap_iters=0)["samples"]["t_b"]
+    assert [s["doc_id"] for s in ours[20:40]] == [s["doc_id"] for s in alone]
+    for s, theirs in zip(ours[20:40], alone):
+        assert_same_answer(s, theirs)
+
+
+KILLS = ["in the evaluation", "after the configs", "between the two tasks' samples", "half way through a line",
+         "after the samples"]
+
+
+@pytest.mark.parametrize("kill", KILLS)
+def test_a_kill_at_each_point_of_a_look_resumes_to_the_uninterrupted_run(two, whole_two, embedded_path, tmp_path,
+                                                                        capsys, monkeypatch, kill):
+    """Killed at each point of a look of both tasks, then rerun with the same settings: the same record (order,
+    looks, decisions) and the same samples as the uninterrupted run, nothing evaluated twice. A look whose samples are
+    all written counts; one cut short (between the tasks' files, or in the middle of a line) is evaluated again."""
+    from lm_eval import evaluator
+
+    from adaptguard.compat.harness import until_decided
+
+    out = tmp_path / "out"
+    real_evaluate, real_write, real_atomic = evaluator.evaluate, until_decided._write_samples, \
+        until_decided.atomic_write_text
+    writes = []
+
+    def evaluation(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def configs(path, text):
+        real_atomic(path, text)
+        if Path(path).name.startswith("results_"):
+            raise KeyboardInterrupt
+
+    def samples(out_, task, stamp, items):
+        writes.append(task)
+        if kill == "between the two tasks' samples" and len(writes) == 2:
+            raise KeyboardInterrupt
+        if kill == "half way through a line":
+            line = json.dumps(items[-1])
+            real_write(out_, task, stamp, items[:-1])
+            with open(out_ / f"samples_{task}_{stamp}.jsonl", "a") as f:
+                f.write(line[: len(line) // 2])
+            raise KeyboardInterrupt
+        real_write(out_, task, stamp, items)
+        if kill == "after the samples" and len(writes) == 2:
+            raise KeyboardInterrupt
+
+    if kill == "in the evaluation":
+        monkeypatch.setattr(evaluator, "evaluate", evaluation)
+    elif kill == "after the configs":
+        monkeypatch.setattr(until_decided, "atomic_write_text", configs)
+    else:
+        monkeypatch.setattr(until_decided, "_write_samples", samples)
+    assert evaluate_two(two, embedded_path, out) == 130
+    monkeypatch.setattr(evaluator, "evaluate", real_evaluate)
+    monkeypatch.setattr(until_decided, "_write_samples", real_write)
+    monkeypatch.setattr(until_decided, "atomic_write_text", real_atomic)
+    whole, code = whole_two[0], whole_two[1]
+    assert evaluate_two(two, embedded_path, out) == code
+    resumed = json.loads((out / "sequential.json").read_text())
+    assert resumed["tasks"] == json.loads((whole / "sequential.json").read_text())["tasks"]
+    for task in ("t_a", "t_b"):
+        ours, theirs = task_samples(out, task), task_samples(whole, task)
+        assert [s["doc_id"] for s in ours] == [s["doc_id"] for s in theirs]  # nothing twice, in the same order
+        for s, whole_s in zip(ours, theirs):
+            assert_same_answer(s, whole_s)
+    capsys.readouterr()
+    assert compare_decisions(capsys, two / "right", out, *TWO_EXPRS) == {
+        **resumed["tasks"]["t_a"]["decisions"], **resumed["tasks"]["t_b"]["decisions"]}
+
+
+# One `accelerate launch` of two processes: the CLI as a user runs it, its model lm-eval's HF model. On CPU lm-eval's
+# HFLM splits the documents between the processes only where it sees more than one GPU, so the script gives the
+# loaded model the accelerator, rank and world size lm-eval gives it there.
+DP_SCRIPT = """
+import contextlib, io, json, os, sys
+from adaptguard.cli.main import main
+from accelerate import Accelerator, PartialState
+from adaptguard.compat.harness import until_decided
+
+PartialState(cpu=True)  # the launch's processes on CPU (gloo): the state lm-eval's Accelerator() then takes
+real_load = until_decided.load_lm
+def load_data_parallel(*args):
+    lm = real_load(*args)
+    lm.accelerator = Accelerator()
+    lm._rank, lm._world_size = lm.accelerator.process_index, lm.accelerator.num_processes
+    real_loglikelihood = lm.loglikelihood
+    def counted(requests, *rest, **kwargs):  # the requests this process runs
+        scored.append(len(requests))
+        return real_loglikelihood(requests, *rest, **kwargs)
+    lm.loglikelihood = counted
+    return lm
+scored = []
+until_decided.load_lm = load_data_parallel
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    code = main(sys.argv[1:])
+rank = os.environ["RANK"]
+folder = os.path.dirname(sys.argv[sys.argv.index("--output-path") + 1])
+open(os.path.join(folder, f"rank{rank}.json"), "w").write(
+    json.dumps({"code": code, "printed": printed.getvalue(), "world": int(os.environ["WORLD_SIZE"]), "scored": scored}))
+"""
+
+
+def test_two_processes_give_the_one_process_record_and_samples(two, whole_two, embedded_path, tmp_path):
+    """`accelerate launch` of `adaptguard evaluate` on two processes (gloo), lm-eval splitting each look's documents
+    between them: the same record (order, looks, decisions) and the same samples as one process, written once by
+    the main process (the lock, the record, one samples file per task), which alone prints and exits by the verdict;
+    the other process exits 0. Each answer of the zero-shot task is one process's (`assert_same_answer`); the two-shot
+    task's prompts are lm-eval's under data parallelism, whose few-shot examples differ from one process's (lm-eval
+    draws them in document order within each process), and its threshold cannot move with them."""
+    from conftest import launch_two_processes
+
+    from adaptguard.compat.harness.until_decided import LOCK
+
+    script = tmp_path / "dp.py"
+    script.write_text(DP_SCRIPT)
+    out = tmp_path / "dp" / "out"
+    args = ["evaluate", str(two / "right"), "--model-args", f"pretrained={embedded_path}", "--output-path", str(out),
+            "--include-path", str(two / "tasks"), "--chunk", "20", "--batch-size", "16", "--device", "cpu"]
+    launch_two_processes(script, *args, *[x for e in TWO_EXPRS for x in ("--fail-on", e)])
+    whole, code = whole_two[0], whole_two[1]
+    ranks = [json.loads((tmp_path / "dp" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    # each look's 4-choice documents split in halves: (20 + 20) · 4, then 20 · 4 twice, between the two processes
+    assert [r["scored"] for r in ranks] == [[80, 40, 40], [80, 40, 40]]
+    assert ranks[0]["code"] == code == 1 and "t_b: 60/60 items (exhausted)" in ranks[0]["printed"]
+    assert {k: ranks[1][k] for k in ("code", "printed")} == {"code": 0, "printed": ""}
+    assert json.loads((out / "sequential.json").read_text())["tasks"] == json.loads(
+        (whole / "sequential.json").read_text())["tasks"]
+    names = sorted(p.name.split("_20")[0] for p in out.iterdir())
+    assert names == sorted([LOCK, "results", "samples_t_a", "samples_t_b", "sequential.json"]), names
+    for task in ("t_a", "t_b"):
+        ours, theirs = task_samples(out, task), {s["doc_id"]: s for s in task_samples(whole, task)}
+        assert sorted(s["doc_id"] for s in ours) == sorted(theirs)  # each document once, none missing
+        for s in ours:
+            if task == "t_a":  # zero-shot; t_b's few-shot examples are drawn in document order within each process
+                assert_same_answer(s, theirs[s["doc_id"]])
+            else:
+                assert prompts(s)[0][0].endswith(theirs[s["doc_id"]]["doc"]["q"])
+
+
+def test_vllm_is_built_from_the_flags_as_lm_eval_builds_it(two, tmp_path, capsys, monkeypatch):
+    """`--model vllm` (no GPU here, so no vLLM): the model is made as lm-eval's `simple_evaluate` makes it,
+    `get_model("vllm").create_from_arg_string(model_args, {batch_size, device})`, with the parallel sizes in
+    `--model-args` untouched; a model that fails to load is one line naming it, and nothing is written."""
+    import lm_eval.api.registry as registry
+
+    made = []
+
+    class NoGPU:
+        @classmethod
+        def create_from_arg_string(cls, arg_string, additional_config):
+            made.append((arg_string, additional_config))
+            raise RuntimeError("no CUDA device\nmore")
+
+    monkeypatch.setattr(registry, "get_model", lambda name: made.append(name) or NoGPU)
+    args = "pretrained=my-org/model-v2,tensor_parallel_size=2,data_parallel_size=4,gpu_memory_utilization=0.8"
+    out = tmp_path / "out"
+    code = main(["evaluate", str(two / "right"), "--model", "vllm", "--model-args", args, "--batch-size", "auto",
+                 "--device", "cuda", "--output-path", str(out), "--fail-on", "nfr>5%"])
+    err = capsys.readouterr().err
+    assert made == ["vllm", (args, {"batch_size": "auto", "device": "cuda"})]
+    assert code == 2 and err.strip() == (f"adaptguard evaluate: error: --model vllm --model-args {args!r}: could not load the "
+                                         "model (RuntimeError: no CUDA device)"), err
+    assert not out.exists()

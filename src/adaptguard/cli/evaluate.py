@@ -12,6 +12,7 @@ EVALUATE_EXAMPLE = ("example: adaptguard evaluate runs/old --model hf --model-ar
 
 
 def _evaluate(ns: argparse.Namespace) -> int:
+    import contextlib
     import tempfile
 
     from ..compat.gate import describe, exit_status
@@ -22,6 +23,7 @@ def _evaluate(ns: argparse.Namespace) -> int:
         evaluate_until_decided,
         holds_other_files,
         load_lm,
+        main_process,
         output_lock,
     )
     from ..compat.reading.formats import read_runs
@@ -46,13 +48,17 @@ def _evaluate(ns: argparse.Namespace) -> int:
         if not Path(d).is_dir():
             raise ValueError(f"--include-path {d}: no such directory")
     check_thresholds(ns.fail_on, ns.design)
-    # the folder's lock before the model loads: a second run on it at once is refused at once
-    with output_lock(out), tempfile.TemporaryDirectory(prefix="adaptguard-evaluate-tasks-") as tmp:
+    # the folder's lock before the model loads: a second run on it at once is refused at once (held by the main
+    # process of an `accelerate launch`, which alone writes)
+    lock = output_lock(out) if main_process() else contextlib.nullcontext()
+    with lock, tempfile.TemporaryDirectory(prefix="adaptguard-evaluate-tasks-") as tmp:
         lm = load_lm(ns.model, resolve_model_names(ns.model_args), ns.batch_size, ns.device)
         include = gathered_include_path([*map(Path, ns.include_path or []), *lm_eval_task_dirs()], Path(tmp))
         gate = evaluate_until_decided(ns.baseline, out, lm, ns.fail_on, tasks=tasks, alpha=ns.significance,
                                       chunk=ns.chunk, seed=ns.seed, locked=True, design=ns.design,
                                       task_manager=task_manager(include, tasks or sorted(base)))
+    if gate is None:  # another process of the launch: the main one prints and exits by the verdict
+        return 0
     print(describe(gate))
     for task, t in (load_record(out) or {"tasks": {}})["tasks"].items():
         for left in t.get("not_evaluated", []):  # the group design: items that cannot change any threshold asked

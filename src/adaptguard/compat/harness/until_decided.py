@@ -1,19 +1,25 @@
 """Evaluate a new model through lm-eval only until the gate decides (`adaptguard evaluate`).
 
-Each task's documents are visited a chunk at a time (`simple_evaluate(..., samples={task: [doc indices]})`, the
-model loaded once). With the default design (`group`) only the documents that can change a threshold are visited:
-those the old model got right for `nfr`/`btc`, those it got wrong for `pfr`, both strata in proportion for
-`acc_drop`/`new_acc` (`records.group_plan`; the others are listed in the record as not evaluated, with why), each
-stratum in a seeded random order, and after each chunk every (task, threshold) is decided by the group-sequential
-tests over the known pool (`group_sequential`: α spent over the looks; the last look is `compare`'s fixed-n test on
-all items). With `design="anytime"` every document is visited in a seeded random order and decided by the
-anytime-valid tests of `anytime` (e-processes: valid however often one looks, N not used). A task stops when each of its
-thresholds is decided (one left out so far, as a churn task's flips are, is not: more items may show the old model
-above chance), the run when every task has stopped or run out of documents. The output folder is an ordinary lm-eval
-`--log_samples` run (the samples evaluated so far) plus the record (`records.RECORD`) of the order and the looks:
-`compare BASELINE OUT` reads it and takes the same decisions, and a rerun resumes where a kill left it (the record
-is written before the first samples and again after each chunk's samples, each file atomically: the samples written
-are the truth when it resumes). A run holds the folder's lock (`LOCK`) throughout: one run on a folder at a time."""
+Each task is built once per run (lm-eval's `TaskManager.load`), and each look is one call of lm-eval's lower-level
+`evaluator.evaluate` on the next chunk of documents of every task still running (`samples={task: [doc indices]}`),
+so a look is one batch across tasks and the model is loaded once. With the default design (`group`) only the
+documents that can change a threshold are visited: those the old model got right for `nfr`/`btc`, those it got wrong
+for `pfr`, both strata in proportion for `acc_drop`/`new_acc` (`records.group_plan`; the others are listed in the
+record as not evaluated, with why), each stratum in a seeded random order, and after each look every (task,
+threshold) is decided by the group-sequential tests over the known pool (`group_sequential`: α spent over the looks;
+the last look is `compare`'s fixed-n test on all items). With `design="anytime"` every document is visited in a
+seeded random order and decided by the anytime-valid tests of `anytime` (e-processes: valid however often one looks,
+N not used). A task stops when each of its thresholds is decided (one left out so far, as a churn task's flips are,
+is not: more items may show the old model above chance), the run when every task has stopped or run out of
+documents. The output folder is an ordinary lm-eval `--log_samples` run (the samples evaluated so far) plus the
+record (`records.RECORD`) of the order and the looks: `compare BASELINE OUT` reads it and takes the same decisions,
+and a rerun resumes where a kill left it (the record is written before the first samples and again after each look's
+samples, which are appended to each task's file: a look whose samples are all written counts when it resumes, one
+cut short is evaluated again: `_samples_counted`). A run holds the folder's lock (`LOCK`) throughout: one run on a folder at a time.
+
+Under `accelerate launch` (lm-eval's data-parallel HF model: `lm.world_size` > 1) every process runs the same looks,
+each evaluating its share of the documents; the main process alone decides, tells the others the next look's
+documents (`_next_look`), and writes the record and the samples."""
 
 from __future__ import annotations
 
@@ -46,15 +52,34 @@ def load_lm(model: str, model_args: str, batch_size: int, device: str | None):
 
 
 def _write_samples(out: Path, task: str, stamp: str, samples: list[dict]) -> None:
+    """Append one look's samples to the task's samples file, on disk (fsync) before the record counts them."""
+    import os
+
     from lm_eval.utils import handle_non_serializable
 
     text = "".join(json.dumps(s, default=handle_non_serializable, ensure_ascii=False) + "\n" for s in samples)
-    atomic_write_text(out / f"samples_{task}_{stamp}.jsonl", text)
+    with open(out / f"samples_{task}_{stamp}.jsonl", "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
-def _samples_written(out: Path, task: str, stamp: str) -> list[dict]:
+def _samples_counted(out: Path, task: str, stamp: str, t: dict, chunk: int) -> int:
+    """How many of `task`'s written samples count when a run resumes (`t` its record): the record's, and the next
+    look's too when all of its samples were written (a kill between them and the record). A look cut short by a kill
+    during its append (some of its lines, the last perhaps half written) does not count: its lines are removed
+    (atomically) and it is evaluated again, so that the looks fall where an uninterrupted run's do."""
     path = out / f"samples_{task}_{stamp}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    whole = len(lines) - (1 if lines and not lines[-1].endswith("\n") else 0)
+    done = t["done"]
+    look = done + len(t["order"][done: done + chunk])
+    keep = look if whole >= look else min(done, whole)
+    if keep != len(lines):
+        atomic_write_text(path, "".join(lines[:keep]))
+    return keep
 
 
 def progress_line(task: str, t: dict, decisions: list[ThresholdDecision], left_out: list[LeftOut] = ()) -> str:
@@ -176,11 +201,12 @@ def _check_folder(out: Path, settings: dict) -> dict | None:
 
 def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds: list, *, tasks: list[str] | None
                            = None, alpha: float = 0.05, chunk: int = 50, seed: int = 0, task_manager=None,
-                           say=print, locked: bool = False, design: str = "group") -> dict:
+                           say=print, locked: bool = False, design: str = "group") -> dict | None:
     """Evaluate `lm` (an lm-eval model instance, loaded once) on the baseline's tasks until every threshold is decided
     (module docstring; `design` "group" or "anytime"), holding the output folder's lock (`output_lock`; `locked`:
     the caller holds it already).
-    Returns the gate (`gate.check_gate`) of the final state. Raises `RunError`/`GateError` for bad input before
+    Returns the gate (`gate.check_gate`) of the final state (None on every process of a launch but the main one,
+    which alone decides and writes: `main_process`). Raises `RunError`/`GateError` for bad input before
     anything is evaluated or written, and while another run holds the folder."""
     from ..reading.formats import read_runs
 
@@ -202,8 +228,9 @@ def evaluate_until_decided(baseline: str | Path, out: str | Path, lm, thresholds
         settings["design"] = design
     else:  # acc_drop's adaptive bet (a record without one: the grid of 24 constant bets, before issue 87)
         settings["bet"] = "agrapa"
-    _check_folder(out, settings)  # bad input before the lock is written into the folder
-    with contextlib.nullcontext() if locked else output_lock(out):
+    if main_process():
+        _check_folder(out, settings)  # bad input before the lock is written into the folder
+    with contextlib.nullcontext() if locked or not main_process() else output_lock(out):
         return _until_decided(baseline, out, lm, thresholds, base, settings, task_manager, say)
 
 
@@ -220,37 +247,104 @@ def _plan(run, settings: dict, thresholds: list, task: str) -> dict:
     return group_plan(old_right, _metrics_of(task, thresholds), seed, task)
 
 
+def main_process() -> bool:
+    """Whether this is the launch's main process: the one that decides and writes (`accelerate launch` and torchrun
+    number the processes in `RANK`; a plain run is the main process)."""
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _next_look(batches: dict[str, list[int]] | None) -> dict[str, list[int]]:
+    """The next look's documents, {task: doc indices} ({} to stop), sent by the main process to every other
+    process of the launch (each returns what the main process sent); with one process, `batches` itself."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return batches
+    from accelerate.utils import broadcast_object_list  # places the object on each backend's device (NCCL, gloo)
+
+    return broadcast_object_list([batches], from_process=0)[0]
+
+
+def _build_tasks(names: list[str], task_manager) -> dict:
+    """{name: lm-eval Task}, each built once for the whole run (its dataset, few-shot sampler and filters), set as
+    `simple_evaluate` sets them (no few-shot where the task gives no number)."""
+    from lm_eval.tasks import TaskManager
+
+    tasks = (task_manager or TaskManager()).load(names)["tasks"]
+    for task in tasks.values():
+        if task.get_config("num_fewshot") is None:
+            task.set_config(key="num_fewshot", value=0)
+    return tasks
+
+
+def _look(lm, tasks: dict, batches: dict[str, list[int]]) -> dict | None:
+    """One look: lm-eval's `evaluator.evaluate` of `lm` on `batches` ({task: doc indices}) of the built `tasks`, one
+    batch across them, each process its share under data parallelism. The seeds (few-shot sampler's included) are set
+    as `simple_evaluate` sets them on each call, with its defaults, so that a look's prompts do not depend on the looks
+    before it. lm-eval's output dict (`configs`, `samples`), None on every process but the main one."""
+    import random
+
+    import numpy as np
+    import torch
+    from lm_eval import evaluator
+
+    random.seed(0)
+    np.random.seed(1234)
+    torch.manual_seed(1234)
+    for task in batches:
+        tasks[task].set_fewshot_seed(seed=1234)
+    return evaluator.evaluate(lm=lm, task_dict={"tasks": {task: tasks[task] for task in batches}, "groups": {}},
+                              samples=batches, log_samples=True, bootstrap_iters=0)
+
+
 def _until_decided(baseline: str | Path, out: Path, lm, thresholds: list, base: dict, settings: dict, task_manager,
-                   say) -> dict:
-    """`evaluate_until_decided`'s run, the inputs checked and the folder's lock held."""
-    from lm_eval import simple_evaluate
+                   say) -> dict | None:
+    """`evaluate_until_decided`'s run, the inputs checked and the folder's lock held (on the main process)."""
+    from lm_eval.utils import setup_logging
 
     from ..compare import compare_runs
     from ..gate import check_gate
 
-    names, alpha, chunk, seed = settings["tasks"], settings["alpha"], settings["chunk"], settings["seed"]
+    names, alpha, chunk = settings["tasks"], settings["alpha"], settings["chunk"]
+    seen: set[str] = set()
+    setup_logging("ERROR")  # lm-eval's INFO lines per call, as `simple_evaluate(verbosity="ERROR")` kept them
+    with _lm_eval_quietly(seen):
+        tasks = _build_tasks(names, task_manager)
+    if not main_process():  # follow the main process's looks; alone, as lm-eval's HF model is on CPU, do nothing
+        while batches := _next_look(None):
+            if lm.world_size > 1:
+                with _lm_eval_quietly(seen):
+                    _look(lm, tasks, batches)
+        return None
     record = _check_folder(out, settings)  # again: a run that held the folder may have left a record meanwhile
     if record is None:
-        record = {"settings": settings, "seed": seed, "stamp": datetime.now(timezone.utc).strftime(
+        record = {"settings": settings, "seed": settings["seed"], "stamp": datetime.now(timezone.utc).strftime(
             "%Y-%m-%dT%H-%M-%S.%f"), "configs": {}, "tasks": {
             task: {**_plan(base[task], settings, thresholds, task), "done": 0, "looks": [], "status": "running"}
             for task in names}}
         out.mkdir(parents=True, exist_ok=True)
-        # before any samples: a kill after the first chunk's samples leaves a record (its stamp and order) to resume
+        # before any samples: a kill after the first look's samples leaves a record (its stamp and order) to resume
         atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")
     stamp = record["stamp"]
     results_file = out / f"results_{stamp}.json"
-    if results_file.exists():  # resume: a chunk's config is written before its samples, the record after them
+    if results_file.exists():  # resume: a look's configs are written before its samples, the record after them
         record["configs"] = {**json.loads(results_file.read_text()).get("configs", {}), **record["configs"]}
     for task, t in record["tasks"].items():  # resume: the samples written are the truth (written before the record)
-        done = len(_samples_written(out, task, stamp))
+        done = _samples_counted(out, task, stamp, t, chunk)
         if done != t["done"]:
             t["done"] = done
             t["looks"] = [n for n in t["looks"] if n < done] + [done]
             atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")  # what compare reads below
-    gate, seen = None, set()
+    gate = None
     while True:
-        if any(t["done"] for t in record["tasks"].values()):
+        running = {task: t for task, t in record["tasks"].items() if t["status"] == "running"}
+        # a kill in the middle of a look leaves some tasks a look behind: that look is finished before any decision,
+        # as an uninterrupted run takes its decisions only once every running task has had it
+        most = max((len(t["looks"]) for t in running.values()), default=0)
+        behind = {task: t for task, t in running.items() if len(t["looks"]) < most}
+        if not behind and any(t["done"] for t in record["tasks"].values()):
             report = compare_runs(baseline, out, alpha=alpha, tasks=",".join(names), common_tasks=True)
             gate = check_gate(report, thresholds, alpha)
             for task, t in record["tasks"].items():
@@ -267,21 +361,21 @@ def _until_decided(baseline: str | Path, out: Path, lm, thresholds: list, base: 
                 t["left_out"] = {x.expr: x.short for x in left_out}
                 say(progress_line(task, t, mine, left_out))
             atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")
-        running = [task for task, t in record["tasks"].items() if t["status"] == "running"]
-        if not running:
+            running = {task: t for task, t in running.items() if t["status"] == "running"}
+        # sorted: lm-eval 0.4.13 visits the chosen documents in dataset order but labels them in the order given
+        batches = _next_look({task: sorted(t["order"][t["done"]: t["done"] + chunk])
+                              for task, t in (behind or running).items()})
+        if not batches:
             return gate
-        for task in running:
+        with _lm_eval_quietly(seen):
+            results = _look(lm, tasks, batches)
+        record["configs"].update({task: results["configs"][task] for task in batches})
+        atomic_write_text(results_file, json.dumps(
+            {"configs": record["configs"], "n-shot": {k: v.get("num_fewshot", 0) for k, v in record["configs"]
+                                                     .items()}}, default=str, indent=1) + "\n")
+        for task, docs in batches.items():
+            _write_samples(out, task, stamp, list(results["samples"][task]))
             t = record["tasks"][task]
-            batch = t["order"][t["done"]: t["done"] + chunk]
-            # sorted: lm-eval 0.4.13 visits the chosen documents in dataset order but labels them in the order given
-            with _lm_eval_quietly(seen):
-                results = simple_evaluate(model=lm, tasks=[task], samples={task: sorted(batch)}, log_samples=True,
-                                          task_manager=task_manager, verbosity="ERROR")
-            record["configs"][task] = results["configs"][task]
-            atomic_write_text(results_file, json.dumps(
-                {"configs": record["configs"], "n-shot": {k: v.get("num_fewshot", 0) for k, v in record["configs"]
-                                                         .items()}}, default=str, indent=1) + "\n")
-            _write_samples(out, task, stamp, _samples_written(out, task, stamp) + list(results["samples"][task]))
-            t["done"] += len(batch)
+            t["done"] += len(docs)
             t["looks"].append(t["done"])
-            atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")  # after its samples: resumable
+        atomic_write_text(out / RECORD, json.dumps(record, indent=1) + "\n")  # after its samples: resumable
