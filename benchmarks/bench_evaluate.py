@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import tempfile
@@ -59,14 +58,16 @@ metadata:
 
 
 def write_run(folder: Path, results: dict, acc=None) -> None:
-    """An lm-eval `--log_samples` folder of `results` (`acc` set on every sample where given)."""
+    """An lm-eval `--log_samples` folder of `results`, each request's arguments as lm-eval's CLI writes them (`acc`
+    set on every sample where given)."""
     from lm_eval.utils import handle_non_serializable
 
     folder.mkdir(parents=True)
     stamp = "2026-12-07T00-00-00.000000"
     for task, samples in results["samples"].items():
-        text = "".join(json.dumps({**s, **({} if acc is None else {"acc": acc})}, default=handle_non_serializable)
-                       + "\n" for s in samples)
+        text = "".join(json.dumps({**s, **({} if acc is None else {"acc": acc}), "arguments": {
+            f"gen_args_{i}": {f"arg_{j}": a for j, a in enumerate(args)} for i, args in enumerate(s["arguments"])}},
+            default=handle_non_serializable) + "\n" for s in samples)
         (folder / f"samples_{task}_{stamp}.jsonl").write_text(text)
     (folder / f"results_{stamp}.json").write_text(json.dumps(
         {"configs": results["configs"], "n-shot": results.get("n-shot", {})}, default=str))
@@ -97,6 +98,7 @@ def main() -> None:
     from adaptguard.compat.harness.callback import task_manager
     from adaptguard.compat.harness.until_decided import evaluate_until_decided
     from adaptguard.models.embedded import resolve_model
+    from adaptguard.utils.sweeps import machine_info
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tmp = Path(tempfile.mkdtemp(prefix="bench-evaluate-"))
@@ -135,8 +137,8 @@ def main() -> None:
     looks = max(len(r["looks"]) for r in record.values())
     a, b = statistics.median(a_times), statistics.median(b_times)
     result = {
-        "model": args.model, "device": device, "dtype": args.dtype, "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(), "tasks": args.tasks, "items_per_task": args.items, "chunk": args.chunk,
+        "model": args.model, "device": device, "dtype": args.dtype, **machine_info(), "cores": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None, "tasks": args.tasks, "items_per_task": args.items, "chunk": args.chunk,
         "batch_size": args.batch_size, "repeats": args.repeats,
         "items_evaluated": sum(r["done"] for r in record.values()),
         "items_in_tasks": args.tasks * args.items, "looks": looks,

@@ -738,3 +738,18 @@ def test_vllm_is_built_from_the_flags_as_lm_eval_builds_it(two, tmp_path, capsys
     assert code == 2 and err.strip() == (f"adaptguard evaluate: error: --model vllm --model-args {args!r}: could not load the "
                                          "model (RuntimeError: no CUDA device)"), err
     assert not out.exists()
+
+
+def test_an_evaluate_output_is_a_baseline_too(whole_two, capsys):
+    """`evaluate` writes each sample as `simple_evaluate` returns it (`arguments` a list of [context, continuation]),
+    not as lm-eval's CLI writes it: `compare` reads such a folder as either side (the choices of each item, which the
+    churn check reads, from both forms). The run against a copy of itself: no item flips."""
+    import shutil
+
+    out = whole_two[0]
+    report, again = out.parent / "self.json", out.parent / "again"
+    shutil.copytree(out, again, dirs_exist_ok=True)
+    code = main(["compare", str(out), str(again), "--fail-on", "t_a:nfr>50%", "--json", str(report)])
+    assert "error" not in capsys.readouterr().err
+    (decision,) = json.loads(report.read_text())["gate"]["decisions"]
+    assert decision["value"] == 0.0 and code == exit_of({"t_a:nfr>50%": decision["decision"]}) != 2

@@ -319,8 +319,14 @@ def read_lines(wheres: set[str]) -> dict[str, dict]:
 
 
 def choices_of(record: dict) -> list[str] | None:
-    """The continuations of a multiple-choice request (None for generation)."""
-    args = [a for _, a in sorted(record.get("arguments", {}).items(), key=lambda kv: int(kv[0].rsplit("_", 1)[1]))]
+    """The continuations of a multiple-choice request (None for generation). `arguments` as lm-eval's CLI writes it
+    ({"gen_args_0": {"arg_0": context, "arg_1": continuation}, ...}) or as `simple_evaluate` returns it, which
+    `evaluate` writes ([[context, continuation], ...])."""
+    arguments = record.get("arguments", {})
+    if isinstance(arguments, list):
+        args = [dict(zip(("arg_0", "arg_1"), a)) if isinstance(a, list) else {} for a in arguments]
+    else:
+        args = [a for _, a in sorted(arguments.items(), key=lambda kv: int(kv[0].rsplit("_", 1)[1]))]
     if len(args) > 1 and all(isinstance(a.get("arg_1"), str) for a in args):
         return [a["arg_1"] for a in args]
     return None
