@@ -1,0 +1,51 @@
+"""Decisions exactly at their edges, with values written out by hand or computed by scipy and the standard library
+(issue 95: the survivors of the mutation run): the churn rule at p = α, the anytime interval and e-values where
+nothing has been evaluated or rejected, and the spread of a side's runs."""
+
+import statistics
+
+import numpy as np
+import pytest
+
+from adaptguard.compat.decide import churn_rule
+from adaptguard.compat.stats.anytime import anytime_bounds, anytime_e_values
+from adaptguard.compat.stats.replicates import replicate_flips
+
+
+@pytest.mark.parametrize("p, churn", [((0.05, 0.05, 0.05), True), ((0.0499, 0.05, 0.05), False),
+                                      ((0.05, 0.0499, 0.05), False), ((0.05, 0.05, 0.0499), False)])
+def test_churn_is_no_test_rejecting_and_p_equal_to_alpha_does_not_reject(p, churn):
+    """Each of the three tests rejects at p < α only (as every test of the gate): at p = α exactly none has, so the
+    task is churn; any one of them just below α and it is not."""
+    entry = churn_rule(0.25, 0.3, 0.28, 0.27, p, 0.05)
+    assert entry == {"chance": 0.25, "guess_rate": 0.3, "old_acc": 0.28, "new_acc": 0.27, "p_above_chance": p[0],
+                     "p_new_below_chance": p[1], "p_flips_beyond_guessing": p[2], "churn": churn}
+
+
+def entry(old, new, looks):
+    return {"sequential": {"old": old, "new": new, "looks": looks}}
+
+
+def test_an_interval_nothing_has_narrowed_is_all_rates_and_a_look_of_no_item_bets_nothing():
+    """Before any item (or with too few to reject any θ at α) the anytime interval is [0, 1] exactly; a look of 0
+    items has e-value 1 (no wealth won or lost), for a rate and for acc_drop's bet."""
+    assert anytime_bounds(entry([], [], [0]), "nfr", 0.05) == (0.0, 1.0)
+    assert anytime_bounds(entry([True], [False], [1]), "nfr", 0.05) == (0.0, 1.0)  # one flip rejects no θ at 5 %
+    assert anytime_e_values(entry([], [], [0]), "nfr", 0.05, ">") == [1.0]
+    for bet in (None, "agrapa"):
+        s = entry([True, True], [False, True], [0, 2])
+        s["sequential"]["bet"] = bet
+        assert anytime_e_values(s, "acc_drop", 0.0, ">")[0] == 1.0
+
+
+def test_the_spread_of_three_runs_is_their_sample_standard_deviation():
+    """`spread_new`: the NFR of each new run against every old run, summarised by min, max and the sample standard
+    deviation (n − 1), as `statistics.stdev` computes it."""
+    rng = np.random.default_rng(3)
+    old = rng.random((2, 40)) < 0.7
+    new = rng.random((3, 40)) < 0.6
+    per_new = [statistics.mean(float(np.mean(o & ~w)) for o in old) for w in new]
+    spread = replicate_flips(old, new)["spread_new"]
+    assert spread["min"] == pytest.approx(min(per_new)) and spread["max"] == pytest.approx(max(per_new))
+    assert spread["sd"] == pytest.approx(statistics.stdev(per_new))
+    assert "spread_old" not in replicate_flips(old, new)  # two old runs: no spread
