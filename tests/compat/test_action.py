@@ -366,3 +366,32 @@ def test_the_inputs_left_out_take_action_ymls_defaults_and_compare_never_sees_th
                              tmp_path)
     assert result["decision"] == "bad-input" and result["refusal"] == "adaptguard compare: error: stop here"
     assert seen["HOME"] == "/h" and "s3cret" not in seen.values()
+
+
+def test_a_refused_comment_flag_posts_nothing_and_githubs_default_address_is_used(tmp_path, capsys, monkeypatch):
+    """`comment: maybe` is refused as bad input, and no comment is tried (the flag never read as true); with
+    GITHUB_API_URL absent (GitHub Enterprise sets it) the client talks to https://api.github.com; a connection that
+    fails without an HTTP status says why in the warning — a URLError's reason, or the error itself."""
+    github = FakeGitHub()
+    status, outputs, _ = run_action(tmp_path, {**SHIPPED, "comment": "maybe", "github-token": "t"}, github,
+                                    {"pull_request": {"number": 5}})
+    assert status == 2 and github.calls == [] and outputs["comment"] == ""
+    assert "comment: expected true or false, got 'maybe'" in capsys.readouterr().err
+    made = []
+
+    def client(token, api):
+        made.append((token, api))
+
+        def fail(method, path, payload):
+            raise failures.pop(0)
+        return fail
+
+    monkeypatch.setattr(action, "github_http", client)
+    failures = [urllib.error.URLError("Connection refused"), OSError("Network is unreachable")]
+    env = {"GITHUB_REPOSITORY": "o/r", "INPUT_GITHUB-TOKEN": "s3cret", "INPUT_PR-NUMBER": "5"}
+    for why in ("Connection refused", "Network is unreachable"):
+        assert action.comment(env, "the report", None) is None
+        assert capsys.readouterr().out == (
+            f"::warning::comment: GitHub refused it ({why}); a pull request from a fork gets a read-only token, so "
+            "the report is in the job summary only. The gate's decision stands.\n")
+    assert made == [("s3cret", "https://api.github.com")] * 2
