@@ -250,3 +250,44 @@ def test_the_level_and_compares_options_reach_compare(tmp_path):
     assert str(err.value) == ("assert_compatible: unknown option colour, size; compare's: similarity, metric, "
                               "compatible, n_boot, seed, include_churn, tasks, common_tasks, scorer")
     take_checked()
+
+
+def test_the_options_and_the_section_as_pytest_shows_them():
+    """Without pytester (the mutation run's fast lane): the options a user types and the help `pytest --help` prints
+    under the plugin's group, the name the report is registered under (`-p no:adaptguard-gates` turns the section off)
+    and the section's title and lines, each written out."""
+    from types import SimpleNamespace
+
+    from _pytest.config.argparsing import Parser
+
+    from adaptguard.testing import plugin
+
+    parser = Parser(_ispytest=True)
+    plugin.pytest_addoption(parser)
+    group = parser.getgroup("adaptguard")
+    assert group._arggroup.title == "adaptguard compatibility gate"  # the title of its part of `pytest --help`
+    runs = ("anything `adaptguard compare` reads: an lm-eval folder, Inspect logs, JSONL, example:fp32; RUN1,RUN2 for "
+            "replicate runs")
+    keys = ("dest", "metavar", "help", "choices", "default")
+    assert [(o.names(), {k: o.attrs()[k] for k in keys if o.attrs().get(k) is not None}) for o in group.options] == [
+        (["--adaptguard-old"], {"metavar": "RUN", "dest": "adaptguard_old",
+                                "help": f"the old model's run for the adaptguard_old fixture: {runs}"}),
+        (["--adaptguard-new"], {"metavar": "RUN", "dest": "adaptguard_new",
+                                "help": f"the new model's run for the adaptguard_new fixture: {runs}"}),
+        (["--adaptguard-undecided"], {"choices": ("fail", "skip", "pass"), "default": "fail",
+                                      "dest": "adaptguard_undecided",
+                                      "help": "what adaptguard_gate does with an undecided gate: fail (default), skip "
+                                              "or pass"}),
+    ]
+    registered = []
+    plugin.pytest_configure(SimpleNamespace(pluginmanager=SimpleNamespace(
+        register=lambda obj, name: registered.append((type(obj), name)))))
+    assert registered == [(plugin.GateReport, "adaptguard-gates")]
+    written = []
+    terminal = SimpleNamespace(section=lambda title: written.append(f"== {title}"), write_line=written.append)
+    report = plugin.GateReport()
+    report.pytest_terminal_summary(terminal)
+    assert written == []  # no gate checked: no section
+    report.pytest_runtest_logreport(SimpleNamespace(nodeid="t.py::a", user_properties=[(plugin.KEY, "clear: x")]))
+    report.pytest_terminal_summary(terminal)
+    assert written == ["== adaptguard gates", "t.py::a: clear: x"]
