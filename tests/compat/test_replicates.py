@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 from in_process import run_cli
 
 from adaptguard.compat.stats.replicates import (
@@ -83,11 +84,12 @@ def test_bad_shapes_are_refused():
 
 
 # ------------------------------------------------------------------------------------------------ the variance
-def test_crossed_variance_of_a_mean_equals_the_two_way_moments():
+@pytest.mark.parametrize("s", [2, 5])
+def test_crossed_variance_of_a_mean_equals_the_two_way_moments(s):
     """For a plain mean over a seeds × items table the estimate is Var(row means)/S + Var(column means)/N minus the
-    churn the two share, each computed here by loops."""
+    churn the two share, each computed here by loops (two seeds: the fewest with a run-level part)."""
     rng = np.random.default_rng(0)
-    s, n = 5, 60
+    n = 60
     x = rng.normal(0, 1, (s, n)) + rng.normal(0, 0.5, (s, 1)) + rng.normal(0, 0.8, (1, n))
     r = paired_runs_difference(x.clip(-1, 1) > 0, np.zeros((s, n), bool))
     y = (x.clip(-1, 1) > 0).astype(float)
@@ -439,3 +441,30 @@ def test_a_chance_level_needs_counts_of_choices():
         with pytest.raises(ValueError) as err:
             chance_rate([0] * len(bad), bad)
         assert str(err.value) == "n_choices must be a non-empty list of counts ≥ 1"
+
+
+def test_the_paired_bootstrap_by_loops_on_the_same_draws():
+    """`method="bootstrap"` (E5's registered form): each resample draws S seeds with replacement (a seed's A and B
+    rows together) and N items with replacement; the difference's SE is the resamples' sample sd and df = S − 1.
+    Recomputed here by loops over seeds and items, with the same generator drawing the same counts in the same
+    order (blocks of 500 resamples: the seeds' counts, then the items')."""
+    rng = np.random.default_rng(4)
+    s, n, n_boot = 3, 25, 1200
+    a, b = rng.random((s, n)) < 0.3, rng.random((s, n)) < 0.2
+    r = paired_runs_difference(a, b, method="bootstrap", n_boot=n_boot, seed=11)
+    x = a.astype(int) - b.astype(int)
+    draw, stats = np.random.default_rng(11), []
+    for start in range(0, n_boot, 500):
+        k = min(500, n_boot - start)
+        seed_counts = draw.multinomial(s, [1 / s] * s, size=k)
+        item_counts = draw.multinomial(n, [1 / n] * n, size=k)
+        for j in range(k):
+            stats.append(sum(seed_counts[j][q] * item_counts[j][i] * x[q][i] for q in range(s) for i in range(n))
+                         / (s * n))
+    mean = sum(stats) / len(stats)
+    sd = (sum((v - mean) ** 2 for v in stats) / (len(stats) - 1)) ** 0.5
+    assert len(stats) == n_boot and r["se"] == pytest.approx(sd, rel=1e-12) and r["df"] == s - 1
+    assert r["diff"] == pytest.approx(x.mean())
+    t = scipy.stats.t.ppf(0.975, s - 1)
+    assert r["ci"] == pytest.approx((x.mean() - t * sd, x.mean() + t * sd), rel=1e-9)
+    assert r["p_value"] == pytest.approx(2 * scipy.stats.t.sf(abs(x.mean()) / sd, s - 1), rel=1e-9)
