@@ -138,7 +138,8 @@ def main() -> None:
     a, b = statistics.median(a_times), statistics.median(b_times)
     result = {
         "model": args.model, "device": device, "dtype": args.dtype, **machine_info(), "cores": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None, "tasks": args.tasks, "items_per_task": args.items, "chunk": args.chunk,
+        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None, "tasks": args.tasks,
+        "items_per_task": args.items, "chunk": args.chunk,
         "batch_size": args.batch_size, "repeats": args.repeats,
         "items_evaluated": sum(r["done"] for r in record.values()),
         "items_in_tasks": args.tasks * args.items, "looks": looks,

@@ -15,7 +15,8 @@ documents. The output folder is an ordinary lm-eval `--log_samples` run (the sam
 record (`records.RECORD`) of the order and the looks: `compare BASELINE OUT` reads it and takes the same decisions,
 and a rerun resumes where a kill left it (the record is written before the first samples and again after each look's
 samples, which are appended to each task's file: a look whose samples are all written counts when it resumes, one
-cut short is evaluated again: `_samples_counted`). A run holds the folder's lock (`LOCK`) throughout: one run on a folder at a time.
+cut short is evaluated again: `_samples_counted`). A run holds the folder's lock (`LOCK`) throughout: one run on a
+folder at a time.
 
 Under `accelerate launch` (lm-eval's data-parallel HF model: `lm.world_size` > 1) every process runs the same looks,
 each evaluating its share of the documents; the main process alone decides, tells the others the next look's
