@@ -622,3 +622,21 @@ def test_outputs_agree_on_the_shipped_pair_a_replicate_set_and_a_churn_set(tmp_p
     report = json.loads((tmp_path / "report.json").read_text())
     assert code == 0 and report["tasks"]["coin"]["churn"]["churn"] and report["gate"]["left_out"]
     assert_outputs_agree(tmp_path, code)
+
+
+@pytest.mark.parametrize("expr, greater", [("acc_drop>1%", True), ("acc_drop<10%", False)])
+def test_identical_reruns_of_an_accuracy_drop_take_the_margin_test_on_whole_counts(tmp_path, capsys, expr, greater):
+    """Identical reruns, 50 items, 5 broken and 3 fixed: the per-item means over run pairs are whole counts (5 and 3,
+    up to float rounding), so the item-level test is the margin's exact test on exactly those counts — neither
+    direction's rounding toward H0 may move a whole count. Its p by brute force (tests/independent.py)."""
+    from independent import margin_p
+
+    old = [True] * 40 + [False] * 10
+    new = [i >= 5 for i in range(40)] + [i < 3 for i in range(10)]
+    for r in range(2):
+        write_mc(tmp_path / f"old{r}", "t", old), write_mc(tmp_path / f"new{r}", "t", new)
+    code, report, printed = compare(capsys, f"{tmp_path / 'old0'},{tmp_path / 'old1'}",
+                                    f"{tmp_path / 'new0'},{tmp_path / 'new1'}", "--fail-on", expr)
+    (d,) = report["gate"]["decisions"]
+    margin = 0.01 if greater else 0.10
+    assert d["p_value"] == pytest.approx(margin_p(5, 3, 50, margin, greater), rel=1e-6), printed
