@@ -392,3 +392,15 @@ def test_anytime_test_names_and_a_task_with_no_look_across_tasks():
     alone = decide_across("overall", ["a"], [full], pooled, t, ALPHA)
     both = decide_across("overall", ["a", "b"], [full, none], pooled, t, ALPHA)
     assert both.p_value == pytest.approx(alone.p_value, rel=1e-12)
+
+
+def test_a_look_where_nothing_changed_at_margin_zero_is_no_evidence_either_way():
+    """acc_drop>0 with no item changed after the first look: Tango's score is 0/0 (no variance at margin 0), which
+    counts as a score of 0 on both sides — no boundary crossed, each side's p the normal tail at 0 (0.5), as the
+    second implementation computes it; undecided, to be decided by later looks."""
+    old = np.array([True, False] * 150)
+    entry = entry_of(old, old, [60], 300)
+    want = group_decision(old, old, [60], 300, 150, 150, "acc_drop", 0.0, ">", ALPHA)
+    got = decide_threshold("task", entry, Threshold.parse("acc_drop>0"), ALPHA)
+    assert (got.decision.value, got.p_value, got.p_within) == (want["decision"], want["p_value"], want["p_within"]) \
+        == ("undecided", norm.sf(0.0), norm.sf(0.0))
