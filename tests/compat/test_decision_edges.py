@@ -49,3 +49,22 @@ def test_the_spread_of_three_runs_is_their_sample_standard_deviation():
     assert spread["min"] == pytest.approx(min(per_new)) and spread["max"] == pytest.approx(max(per_new))
     assert spread["sd"] == pytest.approx(statistics.stdev(per_new))
     assert "spread_old" not in replicate_flips(old, new)  # two old runs: no spread
+
+
+def test_overall_with_significance_off_is_the_pooled_drop_against_its_margin():
+    """`overall:acc_drop>θ` with the significance off: the pooled drop (old − new accuracy over every item of every
+    task, counted here) against θ, breach when beyond it — and the record says it is the pooled drop that was
+    compared (`Across(shows=pooled)`), with no test's p-values."""
+    from adaptguard.compat.decide import decide_across, pooled_entry
+    from adaptguard.compat.gate import Threshold
+    from adaptguard.compat.verdicts import Across, Shows
+
+    olds = [np.array([[1, 1, 1, 1, 0]], bool), np.array([[1, 1, 0]], bool)]
+    news = [np.array([[1, 0, 1, 1, 0]], bool), np.array([[1, 1, 1]], bool)]
+    pooled = pooled_entry(olds, news)
+    entries = [pooled_entry([o], [n]) for o, n in zip(olds, news)]
+    drop = (6 - 6) / 8  # 6 of 8 right on each side
+    for expr, decision in (("overall:acc_drop>0", "clear"), ("overall:acc_drop<1%", "breach")):
+        got = decide_across("overall", ["a", "b"], entries, pooled, Threshold.parse(expr), None)
+        assert (got.value, got.decision.value, got.across) == (drop, decision, Across(Shows.POOLED))
+        assert got.across.to_json() == {"shows": "pooled", "worst_task": None}
