@@ -41,8 +41,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from adaptguard.compat.compare import compare_runs, compare_task
 from adaptguard.compat.comparison import Comparison
+from adaptguard.compat.render.figure import plot_quadrants
 from adaptguard.compat.render.flips import flipped_documents
-from adaptguard.compat.render.report import plot_quadrants, write_outputs
+from adaptguard.compat.render.outputs import write_outputs
 from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
 from adaptguard.models.embedded import resolve_model
 from adaptguard.utils.quiet import hide_unused_library_noise

@@ -13,7 +13,8 @@ COMPARE_EXAMPLE = "example: " + "adaptguard compare runs/old runs/new --fail-on 
 
 def _compare(ns: argparse.Namespace) -> int:
     from ..compat.compare import compare_runs
-    from ..compat.render.report import to_text, write_outputs
+    from ..compat.render.outputs import write_outputs
+    from ..compat.render.report import to_text
 
     outputs = _check_outputs(ns)  # before reading the runs
     if ns.plot:

@@ -78,7 +78,7 @@ def run_update(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     import transformers
 
     from ..compat.comparison import Comparison, TaskComparison
-    from ..compat.render.report import plot_quadrants
+    from ..compat.render.figure import plot_quadrants
     from ..compat.stats.metrics import delta_metrics, flip_indicators, flip_metrics, paired_rate_difference
     from ..utils.progress import say
     from .pick import Pick

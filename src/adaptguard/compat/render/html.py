@@ -1,4 +1,4 @@
-"""The pieces of one self-contained HTML page per comparison (`report.compare_page`, the update's `report.html`): the
+"""The pieces of one self-contained HTML page per comparison (`page.compare_page`, the update's `report.html`): the
 verdict, tables, an inline figure, and the flipped items — prompt, gold, old and new answer, the changed words
 marked — filterable by task and direction, searchable and sortable.
 
