@@ -298,6 +298,38 @@ def _across_tasks(mine: dict[str, TaskComparison], alpha: float) -> dict | None:
             "pooled": pooled, **across_verdict(names, [mine[k] for k in names], pooled, alpha)}
 
 
+def _labels(candidates: list[list[Path]]) -> list[str]:
+    """Each candidate's name in the report: its first run's folder name, or new1, new2, ... where two share one."""
+    labels = [c[0].name.partition("@")[0] for c in candidates]
+    return labels if len(set(labels)) == len(labels) else [f"new{i + 1}" for i in range(len(candidates))]
+
+
+def _add_runs(entry: TaskComparison, olds: list, news: list, task: str, filt: str, level: float, alpha: float) -> None:
+    """A 0/1 entry's runs on each side (its first run's vector, then each replicate's), their flip statistics
+    (`replicate_flips`), and with replicates the pair means and the items broken beyond rerun noise."""
+    more_o, samples_o = _replicate_vectors(olds[1:], olds[0], task, filt, entry["metric"])
+    more_n, samples_n = _replicate_vectors(news[1:], news[0], task, filt, entry.get("metric_new", entry["metric"]))
+    o, n = [entry.correct[0], *more_o], [entry.correct[1], *more_n]
+    entry.metrics["replicates"] = replicate_flips(o, n, level=level)
+    entry.runs = (o, n)
+    if len(o) > 1 or len(n) > 1:
+        _pair_means(entry.metrics, o, n)
+        entry.metrics["items"] = items_beyond_noise(o, n, q=alpha)
+        entry.run_samples = ([entry.samples[0], *samples_o], [entry.samples[1], *samples_n])
+
+
+def _pooled(mine: dict[str, TaskComparison], include_churn: bool, level: float) -> dict | None:
+    """The flip statistics of every item of the tasks that are not churn (all with `include_churn`), pooled; None
+    with fewer than two 0/1 tasks."""
+    pooled = [e.runs for e in mine.values() if e.runs is not None and (include_churn or not is_churn(e))]
+    if not pooled or sum(e.runs is not None for e in mine.values()) < 2:
+        return None
+    import numpy as np
+
+    return {"tasks": len(pooled), **replicate_flips(np.concatenate([p[0] for p in pooled], 1),
+                                                    np.concatenate([p[1] for p in pooled], 1), level=level)}
+
+
 def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: str | dict[str, str] | None = None,
                  compatible_path=None, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
                  include_churn: bool = False, tasks: str | None = None, common_tasks: bool = False,
@@ -328,9 +360,7 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
     _check_runs_distinct(olds, candidates)
     old, *old_replicates = [run for p in olds for run in read_runs(p, notes, scorer)]  # Inspect's epochs: replicates
     compat = read_runs(compatible_path, notes, scorer)[0] if compatible_path is not None else None
-    labels = [c[0].name.partition("@")[0] for c in candidates]
-    if len(set(labels)) < len(labels):  # runs in folders of the same name: number them instead
-        labels = [f"new{i + 1}" for i in range(len(candidates))]
+    labels = _labels(candidates)
     level = 1 - 2 * alpha  # two one-sided bounds at 1 − α: the interval each decision uses (evidence.interval)
     report_tasks, overall, across, runs_per_side = {}, {}, {}, []
     for paths, label in zip(candidates, labels):
@@ -343,22 +373,12 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
             raise RunError(f"the compatible run {compatible_path} lacks tasks {sorted(set(names) - set(compat))}")
         mine: dict[str, TaskComparison] = {}
         for task in names:
-            asked = _metric_for(metric, task)
-            per_filter = compare_task(base[task], new[task], similarity=similarity, metric=asked,
+            per_filter = compare_task(base[task], new[task], similarity=similarity, metric=_metric_for(metric, task),
                                       compatible=None if compat is None else compat[task], n_boot=n_boot, seed=seed,
                                       level=level)
             for filt, entry in per_filter.items():
                 if entry.correct is not None:
-                    more_o, samples_o = _replicate_vectors(old_replicates, old, task, filt, entry["metric"])
-                    more_n, samples_n = _replicate_vectors(new_replicates, new, task, filt,
-                                                           entry.get("metric_new", entry["metric"]))
-                    o, n = [entry.correct[0], *more_o], [entry.correct[1], *more_n]
-                    entry.metrics["replicates"] = replicate_flips(o, n, level=level)
-                    entry.runs = (o, n)
-                    if len(o) > 1 or len(n) > 1:
-                        _pair_means(entry.metrics, o, n)
-                        entry.metrics["items"] = items_beyond_noise(o, n, q=alpha)
-                        entry.run_samples = ([entry.samples[0], *samples_o], [entry.samples[1], *samples_n])
+                    _add_runs(entry, [old, *old_replicates], [new, *new_replicates], task, filt, level, alpha)
                     if record is not None:
                         entry.metrics["sequential"] = sequential_entry(record, task, base[task], new[task],
                                                                        entry["metric"])
@@ -372,16 +392,13 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
             mine[name].metrics["regression"] = regression
         # a group-sequential run evaluated the items chosen by the old model's answers: no pooled view of them
         group = any((e.metrics.get("sequential") or {}).get("design") == "group" for e in mine.values())
-        pooled = [e.runs for e in mine.values() if e.runs is not None and (include_churn or not is_churn(e))]
-        if pooled and sum(e.runs is not None for e in mine.values()) > 1 and not group:
-            import numpy as np
-
-            overall[label] = {"tasks": len(pooled), **replicate_flips(np.concatenate([p[0] for p in pooled], 1),
-                                                                      np.concatenate([p[1] for p in pooled], 1),
-                                                                      level=level)}
-        verdict = None if group else _across_tasks(mine, alpha)
-        if verdict is not None:
-            across[label] = verdict
+        if not group:
+            pooled = _pooled(mine, include_churn, level)
+            if pooled is not None:
+                overall[label] = pooled
+            verdict = _across_tasks(mine, alpha)
+            if verdict is not None:
+                across[label] = verdict
         report_tasks.update(mine)
         del new, new_replicates  # one candidate in memory at a time
     return Comparison(
