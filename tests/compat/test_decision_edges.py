@@ -68,3 +68,43 @@ def test_overall_with_significance_off_is_the_pooled_drop_against_its_margin():
         got = decide_across("overall", ["a", "b"], entries, pooled, Threshold.parse(expr), None)
         assert (got.value, got.decision.value, got.across) == (drop, decision, Across(Shows.POOLED))
         assert got.across.to_json() == {"shows": "pooled", "worst_task": None}
+
+
+def test_one_success_where_n_times_rate_is_one_or_more_is_the_plain_binomial_p():
+    """The one-success rule (p = n·θ where n·θ < 1, the rates on one item) stops at n·θ = 1: from there the binomial
+    p itself, P(X ≥ 1) = 1 − (1 − θ)^n, written out; below it n·θ."""
+    from adaptguard.compat.stats.metrics import binomial_p
+
+    assert binomial_p(1, 30, 0.05, True) == pytest.approx(1 - 0.95 ** 30, rel=1e-12)  # n·θ = 1.5
+    assert binomial_p(1, 20, 0.05, True) == pytest.approx(1 - 0.95 ** 20, rel=1e-12)  # n·θ = 1
+    assert binomial_p(1, 10, 0.05, True) == pytest.approx(0.5, rel=1e-12)  # n·θ = 0.5 > 1 − 0.95^10 = 0.40
+
+
+def test_rate_intervals_of_no_item_and_the_bootstrap_one():
+    """No item: no interval (nan, nan), both ends. The bootstrap interval of the NFR (`interval="bootstrap"`) is the
+    percentile interval of Binomial(N, p̂)/N draws from the seeded generator, at the level asked: recomputed here."""
+    import math
+
+    from adaptguard.compat.stats.metrics import exact_rate_ci, flip_metrics
+
+    assert all(math.isnan(x) for x in exact_rate_ci(0, 0, 0.9))
+    old = np.array([True] * 30 + [False] * 10)
+    new = old.copy()
+    new[:6] = False
+    got = flip_metrics(old, new, n_boot=4000, level=0.9, seed=7, interval="bootstrap")["nfr_ci"]
+    draws = np.random.default_rng(7).binomial(40, 6 / 40, size=4000) / 40
+    assert got == (pytest.approx(float(np.quantile(draws, 0.05))), pytest.approx(float(np.quantile(draws, 0.95))))
+    assert got[0] < 6 / 40 < got[1]
+
+
+def test_a_group_entry_without_an_old_right_item_leaves_btc_undecided():
+    """btc is not defined without an item the old model got right: undecided, p = 1 on both sides, and the decision
+    names its task."""
+    from adaptguard.compat.decide import decide_threshold
+    from adaptguard.compat.gate import Threshold
+
+    old = [0] * 40
+    entry = {"sequential": {"design": "group", "items": 40, "strata": {"R": 0, "W": 40}, "old": old,
+                            "new": [1, 0] * 20, "looks": [20, 40]}}
+    got = decide_threshold("my_task", entry, Threshold.parse("btc<90%"), 0.05)
+    assert (got.task, got.decision.value, got.p_value, got.p_within) == ("my_task", "undecided", 1.0, 1.0)
