@@ -88,13 +88,13 @@ def test_rate_intervals_of_no_item_and_the_bootstrap_one():
     from adaptguard.compat.stats.metrics import exact_rate_ci, flip_metrics
 
     assert all(math.isnan(x) for x in exact_rate_ci(0, 0, 0.9))
-    old = np.array([True] * 30 + [False] * 10)
+    old = np.array([True] * 3000 + [False] * 1000)
     new = old.copy()
-    new[:6] = False
-    got = flip_metrics(old, new, n_boot=4000, level=0.9, seed=7, interval="bootstrap")["nfr_ci"]
-    draws = np.random.default_rng(7).binomial(40, 6 / 40, size=4000) / 40
+    new[:450] = False
+    got = flip_metrics(old, new, n_boot=200, level=0.9, seed=7, interval="bootstrap")["nfr_ci"]
+    draws = np.random.default_rng(7).binomial(4000, 450 / 4000, size=200) / 4000  # fine enough that the seed shows
     assert got == (pytest.approx(float(np.quantile(draws, 0.05))), pytest.approx(float(np.quantile(draws, 0.95))))
-    assert got[0] < 6 / 40 < got[1]
+    assert got[0] < 450 / 4000 < got[1]
 
 
 def test_a_group_entry_without_an_old_right_item_leaves_btc_undecided():
