@@ -20,24 +20,22 @@ N = 120
 WORDS = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree", "car", "book", "fish", "bird"]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, embedded_path):
-    """A 120-item multiple-choice task, the embedded model's lm-eval run of it, and two baselines made from that
-    run: the old model right on every item (`right`) and wrong on every item (`wrong`)."""
-    root = tmp_path_factory.mktemp("evaluate")
-    tasks = root / "tasks"
-    tasks.mkdir()
-    rng = random.Random(0)
-    rows = [{"q": f"item {i}: pick", "choices": rng.sample(WORDS, 4), "label": i % 4} for i in range(N)]
+def write_mc_tasks(tasks: Path, n: int, seed: int, shots: dict[str, int | None]) -> None:
+    """`n` four-choice items in `tasks/mc.jsonl` (choices drawn with `seed`), and one lm-eval task YAML over them per
+    name of `shots`, with that many few-shot examples from the same split (None: no few-shot settings)."""
+    rng = random.Random(seed)
+    rows = [{"q": f"item {i}: pick", "choices": rng.sample(WORDS, 4), "label": i % 4} for i in range(n)]
     (tasks / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tasks / "t_mc.yaml").write_text(f"""task: t_mc
+    for name, k in shots.items():
+        fewshot = "" if k is None else f"fewshot_split: test\nnum_fewshot: {k}\n"
+        (tasks / f"{name}.yaml").write_text(f"""task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
     test: {tasks / 'mc.jsonl'}
 output_type: multiple_choice
 test_split: test
-doc_to_text: "{{{{q}}}}"
+{fewshot}doc_to_text: "{{{{q}}}}"
 doc_to_target: label
 doc_to_choice: "{{{{choices}}}}"
 metric_list:
@@ -47,6 +45,16 @@ metric_list:
 metadata:
   version: 1.0
 """)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, embedded_path):
+    """A 120-item multiple-choice task, the embedded model's lm-eval run of it, and two baselines made from that
+    run: the old model right on every item (`right`) and wrong on every item (`wrong`)."""
+    root = tmp_path_factory.mktemp("evaluate")
+    tasks = root / "tasks"
+    tasks.mkdir()
+    write_mc_tasks(tasks, N, 0, {"t_mc": None})
     proc = run_lm_eval_cli("--model", "hf", "--model_args", f"pretrained={embedded_path}", "--tasks", "t_mc",
                            "--include_path", tasks, "--device", "cpu", "--batch_size", "32", "--log_samples",
                            "--output_path", root / "run")
@@ -447,29 +455,7 @@ def two(tmp_path_factory, embedded_path):
     root = tmp_path_factory.mktemp("two")
     tasks = root / "tasks"
     tasks.mkdir()
-    rng = random.Random(1)
-    rows = [{"q": f"item {i}: pick", "choices": rng.sample(WORDS, 4), "label": i % 4} for i in range(M)]
-    (tasks / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for name, shots in (("t_a", 0), ("t_b", 2)):
-        (tasks / f"{name}.yaml").write_text(f"""task: {name}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {tasks / 'mc.jsonl'}
-output_type: multiple_choice
-test_split: test
-fewshot_split: test
-num_fewshot: {shots}
-doc_to_text: "{{{{q}}}}"
-doc_to_target: label
-doc_to_choice: "{{{{choices}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-metadata:
-  version: 1.0
-""")
+    write_mc_tasks(tasks, M, 1, {"t_a": 0, "t_b": 2})
     proc = run_lm_eval_cli("--model", "hf", "--model_args", f"pretrained={embedded_path}", "--tasks", "t_a,t_b",
                            "--include_path", tasks, "--device", "cpu", "--batch_size", "16", "--log_samples",
                            "--output_path", root / "plain")
