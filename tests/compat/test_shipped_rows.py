@@ -55,7 +55,7 @@ def test_the_shipped_rows_are_the_table():
 
 @pytest.mark.parametrize("name", sorted(COUNTS))
 def test_each_rate_rows_counts(name):
-    assert METRICS[name].counts(ENTRY) == COUNTS[name]
+    assert METRICS[name].count(ENTRY) == COUNTS[name]
 
 
 @pytest.mark.parametrize("name", sorted(COUNTS))

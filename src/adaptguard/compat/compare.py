@@ -17,6 +17,7 @@ from pathlib import Path
 from ..plugins import get_similarity
 from .comparison import Comparison, TaskComparison
 from .decide import across_verdict, churn, churn_rule, flag_regressions, is_churn, pooled_entry
+from .metric_table import METRICS, Unit
 from .reading.formats import read_runs
 from .reading.records import group_view, load_record, restrict, sequential_entry
 from .reading.runs import RunError, Sample, TaskRun, same_choices
@@ -132,6 +133,7 @@ def compare_task(old: TaskRun, new: TaskRun, *, similarity: str | None = None, m
             if new_name != name:
                 entry["metric_new"] = new_name
             entry.update(_flips(o, n, name, n_boot, seed, entry["output_type"], level, new_name))
+            entry.update(_row_values([s.metrics[name] for s in o], [s.metrics[new_name or name] for s in n]))
             if c is not None:
                 choose_metric(compatible, filt, name)
                 compat = _flips(o, c, name, n_boot, seed, entry["output_type"], level)
@@ -198,11 +200,17 @@ def _replicate_vectors(runs: list[dict], first: dict, task: str, filt: str, metr
     return out, samples
 
 
+def _row_values(old_correct, new_correct) -> dict[str, float | None]:
+    """Every rate of the paired answers (`metric_table`: a row's `per_item`) on one run per side."""
+    return {m.name: m.value_of(old_correct, new_correct) for m in METRICS.values()
+            if m.per_item is not None and m.unit is Unit.RATE}
+
+
 def _pair_means(entry: dict, olds: list[list[float]], news: list[list[float]]) -> None:
     """With replicates, the entry's flip metrics become means over every (old run, new run) pair; the item-level
     tests of one pair (McNemar, binomial intervals) would treat churn as signal, so they are dropped."""
-    pairs = [flip_metrics(o, n, n_boot=1) for o in olds for n in news]
-    for key in ("old_acc", "new_acc", "nfr", "pfr", "btc", "n_negative_flips", "n_positive_flips"):
+    pairs = [{**flip_metrics(o, n, n_boot=1), **_row_values(o, n)} for o in olds for n in news]
+    for key in ("n_negative_flips", "n_positive_flips", *_row_values([True], [True])):
         values = [p[key] for p in pairs if p[key] is not None]
         entry[key] = sum(values) / len(values) if values else None
     # one interval per quantity: the run-level one lives in `replicates` (nfr_ci); none at item level here

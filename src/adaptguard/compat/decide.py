@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from fractions import Fraction
 
 from .evidence import GroupSequential, as_fraction, evidence_of, p_beyond, relation, replicated, value
-from .metric_table import strata
+from .metric_table import METRICS, Unit, strata
 from .stats.anytime import anytime_e_values, anytime_p
-from .stats.group_sequential import full_entry, group_estimate, group_looks, rate_side
+from .stats.group_sequential import full_entry, group_estimate, group_looks, look_cells, pool_entry, rate_side
 from .stats.metrics import binomial_p
 from .verdicts import Across, Decision, Evidence, Reason, Shows, ThresholdDecision, beyond
 
@@ -225,9 +225,9 @@ def _score_side(entry: Mapping, metric: str, theta: float, greater: bool, alpha:
     for x in early:
         if metric == "acc_drop":
             z = float(tango_z(x["b"], x["c"], x["n"], theta))
-        else:  # new_acc: the binomial score of the items so far
-            k = x["n_r"] - x["b"] + x["c"]
-            z = (k / x["n"] - theta) / math.sqrt(theta * (1 - theta) / x["n"]) if 0 < theta < 1 else 0.0
+        else:  # a rate of both strata (new_acc): the binomial score of the items so far
+            k, m = METRICS[metric].from_cells(look_cells(x))
+            z = (k / m - theta) / math.sqrt(theta * (1 - theta) / m) if 0 < theta < 1 and m else 0.0
         zs.append((z if greater else -z) if math.isfinite(z) else 0.0)
     for j, (z, h) in enumerate(zip(zs, bounds)):
         if z >= h:
@@ -243,12 +243,14 @@ def _certain(entry: Mapping, metric: str, theta: float, greater: bool, alpha: fl
     one fixed, for a breach of "> θ"). It adds nothing to the size."""
     s = entry["sequential"]
     big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
-    left_r, left_w = m_r - x["n_r"], m_w - x["n_w"]
-    low_drop = (x["b"], x["c"] + left_w)  # the smallest final drop (the highest new accuracy), and the largest:
-    high_drop = (x["b"] + left_r, x["c"])
-    b, c = low_drop if greater == (metric == "acc_drop") else high_drop
-    worst = {"n": big_n, "old_acc": m_r / big_n, "new_acc": (m_r - b + c) / big_n, "n_negative_flips": b,
-             "n_positive_flips": c}
+    weights = METRICS[metric].cell_weights()
+    # each stratum's items left take the new answer that moves the metric least toward this side
+    pick = min if greater else max
+    kept = pick((True, False), key=lambda new: weights[0 if new else 1][0])  # an old-right item left stays right
+    fixed = pick((True, False), key=lambda new: weights[2 if new else 3][0])  # an old-wrong item left turns right
+    b = x["b"] + (0 if kept else m_r - x["n_r"])
+    c = x["c"] + (m_w - x["n_w"] if fixed else 0)
+    worst = pool_entry(big_n, m_r, m_w, b, c)
     v = value(worst, metric)
     if not (v > theta if greater else v < theta):  # not even beyond θ: no test rejects (the exact call skipped)
         return False
@@ -267,7 +269,8 @@ def group_stop(entry: Mapping, t, alpha: float) -> tuple[Decision, int | None, d
     complete = [i for i, x in enumerate(looks) if all(x["n_" + k.lower()] == (m_r if k == "R" else m_w) for k in need)]
     if not need:
         complete = [None]  # old_acc: the baseline alone decides it
-    if t.metric == "btc" and m_r == 0:  # btc is not defined without an item the old model got right
+    row = METRICS[t.metric]
+    if row.unit is Unit.RATE and not row.from_cells((m_r, 0, m_w, 0))[1]:  # over no item (btc without old-right)
         return Decision.UNDECIDED, None, {"p_value": 1.0, "p_within": 1.0}
     # the looks before the strata were done; none for old_acc (the baseline decides it: the new model's answers, which
     # the looks hold, say nothing about it)

@@ -84,7 +84,7 @@ def exact_value(entry: Mapping, metric: str) -> Fraction | None:
     if metric == "acc_drop":
         b, c = (_whole(entry[f"n_{kind}_flips"], 1) for kind in ("negative", "positive"))
         return None if b is None or c is None else (b - c) / n
-    if metric in ("nfr", "pfr", "btc"):
+    if METRICS[metric].counts is not None:  # counted otherwise than its value times n (btc: over the old-right)
         k, m = counts(entry, metric)
         k = _whole(k, 1)
         return None if k is None or not m else k / m
@@ -112,7 +112,7 @@ def _observed(entry: Mapping, metric: str) -> float | None:
 def counts(entry: Mapping, metric: str) -> tuple[float, int]:
     """(successes, trials) behind a rate metric; with replicates the successes are a sum of per-item means over run
     pairs (not always whole). Where they come from is the metric's row (`metric_table`)."""
-    return METRICS[metric].counts(entry)
+    return METRICS[metric].count(entry)
 
 
 def rate_bounds(k: float, n: int, alpha: float) -> tuple[float, float]:

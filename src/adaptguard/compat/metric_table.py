@@ -1,7 +1,12 @@
 """Every metric `compare` reports and the gate can decide, one row each: its unit, which way is worse, whether churn
-leaves it out, which items can flip it, the kinds of evidence with a test of it, and where the table shows it. The
-gate, the decisions, the report, the lm-eval callback and tasks, and `evaluate` read this table: a new metric is one
-row (plus, for a rate, where its counts come from).
+leaves it out, how it is computed from the paired answers, the kinds of evidence with a test of it, and where the
+table shows it. The gate, the decisions, the report, the lm-eval callback and tasks, and `evaluate` read this table: a
+new metric is one row.
+
+A metric of the paired answers (`per_item`) is a function of whether each model got each item right, so a row alone
+says everything the readers need: its value on one run and on each pair of replicate runs (`value_of`), its counts
+from the four cells of (old right, new right) (`from_cells`: the group design's looks and fixed-n entries), and the
+strata of the known pool that can change it (`can_flip`: where its value depends on the new answer).
 """
 
 from __future__ import annotations
@@ -22,13 +27,19 @@ class Unit(StrEnum):
 ONE_RUN, REPLICATES, ANYTIME, GROUP = Evidence.ONE_RUN, Evidence.REPLICATES, Evidence.ANYTIME, Evidence.GROUP
 
 
-def _share(name: str) -> Callable[[Mapping], tuple[float, int]]:
-    """(successes, trials) of a rate over every item: its value times n."""
-    return lambda e: (round(e[name] * e["n"]), e["n"])
-
-
 def _old_right(e: Mapping) -> int:
     return round(e["old_acc"] * e["n"])
+
+
+CELLS = ((True, True), (True, False), (False, True), (False, False))  # (old right, new right)
+
+
+def cells_of(old_correct, new_correct) -> tuple[int, int, int, int]:
+    """The number of items in each of `CELLS` from paired answers (N,) bool."""
+    import numpy as np
+
+    old, new = np.asarray(old_correct, bool), np.asarray(new_correct, bool)
+    return tuple(int(((old == o) & (new == w)).sum()) for o, w in CELLS)
 
 
 @dataclass(frozen=True)
@@ -37,10 +48,54 @@ class Metric:
     unit: Unit
     higher_is_worse: bool  # which way is a regression (lm-eval's higher_is_better is its negation)
     about_flips: bool = False  # it measures which answers flipped: on a churn task it measures guessing, left out
-    can_flip: str | None = None  # which items can change it ("R" old-right, "W" old-wrong); None: evaluate lacks it
     tests: frozenset[Evidence] = frozenset()  # the kinds of evidence with a one-sided test of it (`evidence`)
-    counts: Callable[[Mapping], tuple[float, int]] | None = None  # a rate's (successes, trials) in one run's entry
+    # the item's value from whether the old and the new model got it right, (N,) bool arrays → (N,): a rate's 0/1
+    # indicator (nfr: old right and new wrong), or a difference's −1/0/1; None: not a function of the paired answers
+    per_item: Callable | None = None
+    # the items a rate is over, from the old answers alone (N,) → (N,) bool (btc: the old-right ones); None: all
+    over: Callable | None = None
+    # a rate's (successes, trials) in one run's entry where they are not its value times n (btc: over the old-right)
+    counts: Callable[[Mapping], tuple[float, int]] | None = None
     column: str | None = None  # the report table's column that shows it
+
+    @property
+    def can_flip(self) -> str | None:
+        """The strata of the known pool whose new answers can change it: "R" (old-right items), "W" (old-wrong), "RW"
+        or "" (the baseline alone decides it); None where it is not a function of the paired answers (`evaluate`
+        cannot run it)."""
+        if self.per_item is None:
+            return None
+        weights = self.cell_weights()
+        moves = lambda a, b: weights[a] != weights[b]  # noqa: E731 -- the new answer changes the item's share
+        return "R" * moves(0, 1) + "W" * moves(2, 3)
+
+    def cell_weights(self) -> list[tuple[float, bool]]:
+        """(the item's value, whether the metric is over it) in each of `CELLS`."""
+        import numpy as np
+
+        old, new = (np.array(x) for x in zip(*CELLS))
+        over = np.ones(4, bool) if self.over is None else np.asarray(self.over(old), bool)
+        return [(float(v), bool(o)) for v, o in zip(np.asarray(self.per_item(old, new)), over)]
+
+    def from_cells(self, cells) -> tuple[float, float]:
+        """(Σ of the items' values, number of items it is over) from the counts of items in each of `CELLS`."""
+        weights = self.cell_weights()
+        return (sum(k * v for k, (v, o) in zip(cells, weights) if o), sum(k for k, (_, o) in zip(cells, weights) if o))
+
+    def value_of(self, old_correct, new_correct) -> float | None:
+        """Its value on paired answers (N,) (None where it is over no item): one run, or one pair of replicate runs."""
+        import numpy as np
+
+        old, new = np.asarray(old_correct, bool), np.asarray(new_correct, bool)
+        over = np.ones(len(old), bool) if self.over is None else np.asarray(self.over(old), bool)
+        m = int(over.sum())
+        return float(np.asarray(self.per_item(old, new))[over].sum() / m) if m else None
+
+    def count(self, entry: Mapping) -> tuple[float, int]:
+        """A rate's (successes, trials) in one run's entry: its declared counts, else its value times n."""
+        if self.counts is not None:
+            return self.counts(entry)
+        return round(entry[self.name] * entry["n"]), entry["n"]
 
     @property
     def counted(self) -> bool:
@@ -60,25 +115,21 @@ class Metric:
 _RATE_TESTS = frozenset({ONE_RUN})
 _EVALUATED = frozenset({ONE_RUN, ANYTIME, GROUP})
 _ROWS = [
-    Metric("nfr", Unit.RATE, True, about_flips=True, can_flip="R", tests=_EVALUATED | {REPLICATES},
-           counts=lambda e: (e["n_negative_flips"], e["n"]), column="NFR %"),
-    Metric("pfr", Unit.RATE, False, about_flips=True, can_flip="W", tests=_EVALUATED,
-           counts=lambda e: (e["n_positive_flips"], e["n"]), column="PFR %"),
+    Metric("nfr", Unit.RATE, True, about_flips=True, tests=_EVALUATED | {REPLICATES},
+           per_item=lambda old, new: old & ~new, counts=lambda e: (e["n_negative_flips"], e["n"]), column="NFR %"),
+    Metric("pfr", Unit.RATE, False, about_flips=True, tests=_EVALUATED,
+           per_item=lambda old, new: ~old & new, counts=lambda e: (e["n_positive_flips"], e["n"]), column="PFR %"),
     # btc: over the items the old model got right; both right = old right − negative flips
-    Metric("btc", Unit.RATE, False, about_flips=True, can_flip="R", tests=_EVALUATED,
-           counts=lambda e: (_old_right(e) - e["n_negative_flips"], _old_right(e)), column="BTC %"),
-    Metric("inconsistency_flips", Unit.RATE, True, about_flips=True, tests=_RATE_TESTS,
-           counts=_share("inconsistency_flips"), column="incons. %"),
-    Metric("old_acc", Unit.RATE, False, can_flip="", tests=_EVALUATED, counts=_share("old_acc"),
-           column="acc old → new"),
-    Metric("new_acc", Unit.RATE, False, can_flip="RW", tests=_EVALUATED, counts=_share("new_acc"),
-           column="acc old → new"),
-    Metric("smooth_nfr", Unit.RATE, True, about_flips=True, tests=_RATE_TESTS, counts=_share("smooth_nfr"),
-           column="smooth NFR %"),
-    Metric("smooth_pfr", Unit.RATE, False, about_flips=True, tests=_RATE_TESTS, counts=_share("smooth_pfr"),
-           column="smooth PFR %"),
-    Metric("acc_drop", Unit.DIFFERENCE, True, can_flip="RW", tests=_EVALUATED | {REPLICATES},
-           column="acc old → new"),
+    Metric("btc", Unit.RATE, False, about_flips=True, tests=_EVALUATED, per_item=lambda old, new: old & new,
+           over=lambda old: old, counts=lambda e: (_old_right(e) - e["n_negative_flips"], _old_right(e)),
+           column="BTC %"),
+    Metric("inconsistency_flips", Unit.RATE, True, about_flips=True, tests=_RATE_TESTS, column="incons. %"),
+    Metric("old_acc", Unit.RATE, False, tests=_EVALUATED, per_item=lambda old, new: old, column="acc old → new"),
+    Metric("new_acc", Unit.RATE, False, tests=_EVALUATED, per_item=lambda old, new: new, column="acc old → new"),
+    Metric("smooth_nfr", Unit.RATE, True, about_flips=True, tests=_RATE_TESTS, column="smooth NFR %"),
+    Metric("smooth_pfr", Unit.RATE, False, about_flips=True, tests=_RATE_TESTS, column="smooth PFR %"),
+    Metric("acc_drop", Unit.DIFFERENCE, True, tests=_EVALUATED | {REPLICATES},
+           per_item=lambda old, new: old.astype(int) - new.astype(int), column="acc old → new"),
     Metric("excess_nfr", Unit.DIFFERENCE, True, about_flips=True, tests=frozenset({REPLICATES}),
            column="excess NFR %"),
     Metric("m_g", Unit.SCORE, False, column="m_g"),

@@ -110,11 +110,16 @@ def reference_for(task: str, doc: dict) -> dict | None:
 
 
 # ------------------------------------------------------------------------------- per-sample results
-def flip_results(correct: bool, pred, ref_correct: bool, ref_pred) -> dict:
+def flip_results(correct: bool, pred, ref_correct: bool, ref_pred, rates: tuple[str, ...] = ()) -> dict:
     """This sample's flips against the reference run, by the formulas of `metrics.flip_indicators`; `btc`
-    is the (old right, new right) pair that the `compat_btc` aggregation reduces."""
+    is the (old right, new right) pair that the `compat_btc` aggregation reduces; `rates`, more rates of the paired
+    answers named by their rows (`metric_table`: the item's 0/1)."""
+    from ..metric_table import METRICS
+
     flips = flip_indicators([ref_correct], [correct], [ref_pred], [pred])
-    return {**{k: float(v[0]) for k, v in flips.items()}, "btc": (float(ref_correct), float(correct))}
+    out = {k: float(v[0]) for k, v in flips.items()}
+    out.update({k: float(METRICS[k].per_item(np.array([ref_correct]), np.array([correct]))[0]) for k in rates})
+    return {**out, "btc": (float(ref_correct), float(correct))}
 
 
 def multiple_choice_results(task: str, doc: dict, results, gold: int, choices: list[str]) -> dict:

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 from lm_eval.api.task import ConfigurableTask
 
-from ..metric_table import METRICS
+from ..metric_table import METRICS, names
 from ..reading.runs import RunError, find_sample_files, prediction, read_task_run
 from .tasks import doc_hash, flip_results, smooth_results
 
@@ -35,10 +35,25 @@ logger = logging.getLogger(__name__)
 PREFIX = "compat_"
 CORRECTNESS = ("acc", "exact_match", "em")
 # each metric's lm-eval aggregation; its higher_is_better is the metric table's direction
-FLIP_METRICS = {"nfr": "mean", "pfr": "mean", "inconsistency_flips": "mean", "btc": "compat_btc"}
 SMOOTH_METRICS = {"smooth_nfr": "mean", "smooth_pfr": "mean", "m_g": "compat_mean_positive",
                   "m_r": "compat_mean_negative_abs"}
-POOLED = ("nfr", "pfr", "inconsistency_flips", "smooth_nfr", "smooth_pfr")  # rates over documents: pooled in groups
+
+
+def item_rates() -> tuple[str, ...]:
+    """The flip rates of the paired answers over every item (`metric_table`: nfr, pfr, ...), each a document's 0/1
+    that lm-eval averages (read at call time: a row added is seen)."""
+    return names(lambda m: m.about_flips and m.per_item is not None and m.over is None)
+
+
+def flip_metrics() -> dict[str, str]:
+    """The flip metrics a variant adds, with their aggregations: the item rates, the inconsistency flips, and btc
+    (over the old-right documents: `compat_btc` reduces each document's (old right, new right))."""
+    return {**{name: "mean" for name in item_rates()}, "inconsistency_flips": "mean", "btc": "compat_btc"}
+
+
+def pooled() -> tuple[str, ...]:
+    """The rates over documents, pooled in groups by their sizes."""
+    return (*item_rates(), "inconsistency_flips", "smooth_nfr", "smooth_pfr")
 
 
 class CompatTask(ConfigurableTask):
@@ -53,7 +68,7 @@ class CompatTask(ConfigurableTask):
         self.original = meta.get("compat_original") or self.config.task.removeprefix(PREFIX)
         self.similarity = meta.get("compat_similarity")
         self._reference = self._load_reference(meta.get("compat_reference"))
-        extra = {**FLIP_METRICS}
+        extra = flip_metrics()
         if self.OUTPUT_TYPE == "loglikelihood":
             extra.pop("inconsistency_flips")  # one continuation: no prediction to disagree on
         if self.similarity is not None:
@@ -127,7 +142,7 @@ class CompatTask(ConfigurableTask):
         metric = next((m for m in CORRECTNESS if m in out and m in ref.metrics), None)
         if metric is not None:
             pred, ref_pred = prediction(results), ref.answer
-            flips = flip_results(bool(out[metric]), pred, bool(ref.metrics[metric]), ref_pred)
+            flips = flip_results(bool(out[metric]), pred, bool(ref.metrics[metric]), ref_pred, item_rates())
             if self.OUTPUT_TYPE == "loglikelihood":
                 flips.pop("inconsistency_flips")
             out.update(flips)
@@ -215,7 +230,7 @@ def compat_configs(names: list[str], task_manager) -> dict[str, dict]:
                 raise ValueError(f"{variant}: group {name} ({index[name].yaml_path}) defines a subgroup inline "
                                  f"({item!r:.80}); only groups of named tasks, groups and tags can be wrapped")
         aggregate = list(raw.get("aggregate_metric_list") or [])
-        aggregate += [{"metric": m, "aggregation": "mean", "weight_by_size": True} for m in POOLED]
+        aggregate += [{"metric": m, "aggregation": "mean", "weight_by_size": True} for m in pooled()]
         out[variant] = {"group": variant, "task": members,
                         **{k: v for k, v in raw.items() if k not in ("task", "tag", "group", "group_alias")},
                         "aggregate_metric_list": aggregate}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metric_table import METRICS
+from ..metric_table import METRICS, Unit
 from .runs import TaskRun
 
 RECORD = "sequential.json"
@@ -100,7 +100,9 @@ def group_view(seq: dict) -> dict:
 
     entry = {"sequential": seq}
     big_n, m_r = seq["items"], seq["strata"]["R"]
-    est = {m: group_estimate(entry, m) for m in ("nfr", "pfr", "btc", "new_acc")}
+    # every rate of the paired answers the new model's answers change (`metric_table`)
+    est = {m.name: group_estimate(entry, m.name) for m in METRICS.values()
+           if m.per_item is not None and m.unit is Unit.RATE and m.can_flip}
     # the statistics of the items evaluated as if they were all (McNemar, inconsistency, the replicate summary
     # behind the MDE) describe an unrepresentative subset: none
     return {"n": big_n, "old_acc": m_r / big_n, **est, "nfr_ci": None, "pfr_ci": None, "mcnemar_p": None,

@@ -88,13 +88,13 @@ def sequences(entry: Mapping, metric: str) -> tuple[list[int], list[int]]:
     """(successes, trials) of `metric` after each look of a sequential entry."""
     import numpy as np
 
+    from ..metric_table import METRICS, cells_of
+
     s = entry["sequential"]
     old, new = np.asarray(s["old"], bool), np.asarray(s["new"], bool)
     ks, ns = [], []
     for n in s["looks"]:
-        o, w = old[:n], new[:n]
-        k, m = {"nfr": ((o & ~w).sum(), n), "pfr": ((~o & w).sum(), n), "btc": ((o & w).sum(), o.sum()),
-                "old_acc": (o.sum(), n), "new_acc": (w.sum(), n)}[metric]
+        k, m = METRICS[metric].from_cells(cells_of(old[:n], new[:n]))
         ks.append(int(k)), ns.append(int(m))
     return ks, ns
 

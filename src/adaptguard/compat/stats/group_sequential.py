@@ -195,17 +195,48 @@ def group_looks(entry: Mapping) -> list[dict]:
     return out
 
 
+def look_cells(x: Mapping) -> tuple[int, int, int, int]:
+    """A look's items in each of `metric_table.CELLS` (old right and new right, old right and new wrong, ...)."""
+    return x["n_r"] - x["b"], x["b"], x["c"], x["n_w"] - x["c"]
+
+
 def rate_pool(metric: str, greater: bool, big_n: int, m_r: int, m_w: int, theta: float):
-    """A rate threshold's side as a "count > θ′" test over one stratum: (stratum, count at a look, offset, items of
-    the fixed-n test, θ′) — the fixed-n test rejects for offset + count of the stratum large (`group_sequential`)."""
-    if metric == "nfr":
-        return ("R", lambda x: x["b"], 0, big_n, theta) if greater else \
-            ("R", lambda x: x["n_r"] - x["b"], big_n - m_r, big_n, 1 - theta)
-    if metric == "pfr":
-        return ("W", lambda x: x["c"], 0, big_n, theta) if greater else \
-            ("W", lambda x: x["n_w"] - x["c"], big_n - m_w, big_n, 1 - theta)
-    # btc: over the items the old model got right
-    return ("R", lambda x: x["n_r"] - x["b"], 0, m_r, theta) if greater else ("R", lambda x: x["b"], 0, m_r, 1 - theta)
+    """A rate threshold's side as a "count > θ′" test over the one stratum that can change it: (stratum, count at a
+    look, offset, items of the fixed-n test, θ′) — the fixed-n test rejects for offset + count of the stratum large
+    (`group_sequential`). "> θ" counts the items the rate counts; "< θ" the other items it is over, against 1 − θ.
+    The other stratum's items count the same whatever their new answers: the offset."""
+    from ..metric_table import METRICS
+
+    row = METRICS[metric]
+    stratum, weights = row.can_flip, row.cell_weights()
+    share = (lambda v: v) if greater else (lambda v: 1.0 - v)
+    mine, other, other_size = ((0, 1), 2, m_w) if stratum == "R" else ((2, 3), 0, m_r)
+    value, counted = weights[other]
+    offset = round(share(value) * other_size) if counted else 0
+    n_final = row.from_cells((m_r, 0, m_w, 0))[1]
+
+    def count(x: Mapping) -> int:
+        cells = look_cells(x)
+        return round(sum(cells[i] * share(weights[i][0]) for i in mine if weights[i][1]))
+
+    return stratum, count, offset, n_final, theta if greater else 1 - theta
+
+
+def pool_entry(big_n: int, m_r: int, m_w: int, b: int | None, c: int | None) -> dict:
+    """A one-run entry of all N items from the right → wrong flips `b` among the M_R old-right items and the
+    wrong → right ones `c` among the M_W old-wrong: every rate of the paired answers (`metric_table`), None where it
+    needs a count that is None (a stratum not evaluated)."""
+    from ..metric_table import METRICS, Unit
+
+    out = {"n": big_n, "old_acc": m_r / big_n, "n_negative_flips": b, "n_positive_flips": c}
+    cells = (m_r - (b or 0), b or 0, c or 0, m_w - (c or 0))
+    for row in METRICS.values():
+        if row.per_item is None or row.unit is not Unit.RATE or row.name == "old_acc":
+            continue
+        k, m = row.from_cells(cells)
+        unknown = "R" in row.can_flip and b is None or "W" in row.can_flip and c is None
+        out[row.name] = None if unknown or not m else k / m
+    return out
 
 
 def full_entry(entry: Mapping, last: dict) -> dict:
@@ -216,29 +247,31 @@ def full_entry(entry: Mapping, last: dict) -> dict:
     big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
     b = last["b"] if last["n_r"] == m_r else None
     c = last["c"] if last["n_w"] == m_w else None
-    new_acc = None if b is None or c is None else (m_r - b + c) / big_n
-    return {"n": big_n, "old_acc": m_r / big_n, "new_acc": new_acc, "n_negative_flips": b, "n_positive_flips": c,
-            "nfr": None if b is None else b / big_n, "pfr": None if c is None else c / big_n,
-            "btc": None if b is None or not m_r else (m_r - b) / m_r}
+    return pool_entry(big_n, m_r, m_w, b, c)
 
 
 def group_estimate(entry: Mapping, metric: str) -> float | None:
     """The metric over all N items as estimated at the last look (each stratum's rate so far times its known size;
     exact once the strata it needs are done); None where a stratum it needs has no item yet."""
+    from ..metric_table import METRICS, Unit
+
     s = entry["sequential"]
     big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
     x = group_looks(entry)[-1] if s["looks"] else {"n_r": 0, "n_w": 0, "b": 0, "c": 0}
     flips = x["b"] / x["n_r"] * m_r if x["n_r"] else (0.0 if m_r == 0 else None)
     fixes = x["c"] / x["n_w"] * m_w if x["n_w"] else (0.0 if m_w == 0 else None)
-    if metric == "old_acc":
-        return m_r / big_n
-    if metric in ("nfr", "btc"):
-        return None if flips is None else (flips / big_n if metric == "nfr" else (1 - flips / m_r if m_r else None))
-    if metric == "pfr":
-        return None if fixes is None else fixes / big_n
-    if flips is None or fixes is None:
+    row = METRICS[metric]
+    if "R" in row.can_flip and flips is None or "W" in row.can_flip and fixes is None:
         return None
-    return (flips - fixes) / big_n if metric == "acc_drop" else (m_r - flips + fixes) / big_n
+    (tt, counted), (tf, _), (ft, _), (ff, counted_w) = row.cell_weights()
+    # every old-right item counts as kept and every old-wrong one as not fixed, then the flips and fixes move them
+    k = tt * m_r * counted + ff * m_w * counted_w
+    if "R" in row.can_flip:
+        k += (tf - tt) * flips
+    if "W" in row.can_flip:
+        k += (ft - ff) * fixes
+    m = row.from_cells((m_r, 0, m_w, 0))[1] if row.unit is Unit.RATE else big_n
+    return k / m if m else None
 
 
 def rate_side(entry: Mapping, metric: str, theta: float, greater: bool, alpha: float, looks: list[dict]):
