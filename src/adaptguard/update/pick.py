@@ -16,6 +16,10 @@ run resumes without redoing any finished step. Each unfinished step of a stage i
 in this process by default, on Ray, or on Slurm through submitit); the stage then reads the stored steps, so the
 numbers do not depend on where the jobs ran, and a run resumes on any executor. The trainings' callbacks are in
 `callbacks`.
+
+One job per module: `Pick` (here) holds a run's state and its steps — the models, each training and scoring stored
+under its key, the jobs that run them; `pick_plan` says what the run will do and for how long, `pick_stages` runs
+the dev and test stages and ships the pick, each a function of a `Pick`; `run_pick` (here) puts them in order.
 """
 
 from __future__ import annotations
@@ -28,15 +32,18 @@ import sys
 import time
 from pathlib import Path
 
-from ..utils.files import atomic_write_text, finished_dir
+from ..utils.files import atomic_write_text
 from ..utils.generation import exact_match, generate_answers
 from ..utils.store import Store, digest
 from .callbacks import SaveAtEpochs, StepTimer
-from .candidates import Setting, expand_candidates, pick_setting
+from .candidates import Setting, expand_candidates
 from .config import UpdateConfig
-from .executors import InProcess, Runtime, describe, job_resources, make_executor, makespan, run_jobs
+from .executors import InProcess, Runtime, make_executor
 from .jobs import ScoreJob, TrainJob
+from .pick_plan import counts, pending_runs, plan
 from .pick_report import flipped_test_items, markdown, plot_dev, update_page, verdict
+from .pick_stages import dev_stage, ship, test_stage
+from .scheduler import run_jobs
 
 
 def _adapter_identity(adapter: Path | str | None):
@@ -54,7 +61,9 @@ def _adapter_identity(adapter: Path | str | None):
 
 
 class Pick:
-    """The steps of one pick (see the module docstring), each stored and reused."""
+    """The steps of one pick (see the module docstring), each stored and reused: one run's config, grid, rows and
+    store, the models it loads, its trainings and scorings, and the jobs that run them. The plan (`pick_plan`) and
+    the stages (`pick_stages`) read a `Pick`; a worker builds its own from a job (`jobs.worker_pick`)."""
 
     def __init__(self, cfg: UpdateConfig, say=print, settings: list[Setting] | None = None):
         """`settings`: the grid to train (default: the candidates' settings; `arms.arms_settings` without dev)."""
@@ -75,6 +84,10 @@ class Pick:
         self.store = Store(self.out / "steps")
         self._v1 = None
         self.executor = None  # where the stages' jobs run (`run_pick` sets the config's; None: this process)
+
+    def dev_seeds(self) -> list[int]:
+        """The seeds every setting trains at on dev (the plan counts them, the dev stage averages over them)."""
+        return [self.cfg.seed + k for k in range(self.cfg.dev_seeds)]
 
     # -- models -------------------------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -283,7 +296,7 @@ class Pick:
         return jobs
 
     def run_jobs(self, jobs: list) -> dict[str, dict]:
-        """`jobs` on this run's executor (`executors.run_jobs`; none set: in this process, at the config's
+        """`jobs` on this run's executor (`scheduler.run_jobs`; none set: in this process, at the config's
         `cpus_per_job` threads). Returns each finished job's folder and seconds."""
         if not jobs:
             return {}
@@ -295,58 +308,7 @@ class Pick:
             self.v1_vectors()  # v1's teacher vectors, built once here: every distilling job reads them from the store
         return run_jobs(executor, jobs, self.say)
 
-    # -- the plan -------------------------------------------------------------------------------------------------
-    def counts(self) -> dict:
-        """How many trainings and scorings the run needs at most (a stored step is reused, not redone)."""
-        runs = {s.run for s in self.settings}
-        dev_seeds, test_seeds = self.dev_seeds(), self.cfg.test_seeds or [self.cfg.seed]
-        extra_test = [s for s in test_seeds if s not in dev_seeds]
-        epochs = max(s.epochs for s in self.settings)
-        steps = -(-len(self.rows["train"]) // self.cfg.batch_size) * epochs
-        return {"runs": len(runs) * len(dev_seeds) + 2 * len(extra_test), "steps_per_run": steps,
-                "distilling_runs": len({r for r in runs if r[0] != "control"}) * len(dev_seeds),
-                "dev_scorings": len(self.settings) * len(dev_seeds) + 2,
-                "test_scorings": 2 * len(test_seeds) + 2, "task_adapters": int(self.cfg.old_model is None) + int(
-                    self.cfg.new_adapter is None and self.cfg.new_task_adapter),
-                "task_adapter_steps": -(-len(self.rows["train"]) // self.cfg.batch_size) * self.cfg.task_epochs}
-
-    def estimate(self, measured: dict, workers: int | None) -> float:
-        """Seconds of the grid's jobs at most (every step to do) on `workers` (`executors.makespan`, as `run_jobs`
-        orders them): the dev stage's trainings and scorings, then the test stage's."""
-        c, dev, test = self.counts(), len(self.rows["dev"]), len(self.rows["test"])
-        durations, needs = [dev * measured["item_s"]] * 2, [(), ()]  # v1 and v2 on dev
-        for run in dict.fromkeys(s.run for s in self.settings):
-            for _ in self.dev_seeds():
-                needs.append(())
-                durations.append(c["steps_per_run"] * measured["step_s"] * (1 if run[0] == "control" else 1.5))
-                kept = [s for s in self.settings if s.run == run]
-                needs += [(len(durations) - 1,)] * len(kept)
-                durations += [dev * measured["item_s"]] * len(kept)
-        seconds = makespan(durations, needs, workers)
-        test_seeds = self.cfg.test_seeds or [self.cfg.seed]
-        extra = [s for s in test_seeds if s not in self.dev_seeds()]
-        durations, needs = [test * measured["item_s"]] * 2, [(), ()]  # v1 and v2 on test
-        for seed in test_seeds:
-            for _ in ("pick", "control"):
-                if seed in extra:
-                    needs.append(())
-                    durations.append(c["steps_per_run"] * measured["step_s"])
-                needs.append((len(durations) - 1,) if seed in extra else ())
-                durations.append(test * measured["item_s"])
-        return seconds + makespan(durations, needs, workers)
-
-    def pending_runs(self) -> int:
-        """Dev-stage training runs not stored yet (needs `prepare`'s adapters; 0 on a finished run's re-run)."""
-        seen, pending = set(), 0
-        for setting in self.settings:
-            for seed in self.dev_seeds():
-                key = self.run_key(setting, seed)
-                name = f"run_{setting.recipe}_{digest(key)}"
-                if name not in seen and self.store.find(name, key) is None:
-                    pending += 1
-                seen.add(name)
-        return pending
-
+    # -- the plan's basis ----------------------------------------------------------------------------------------
     def measure(self) -> dict:
         """Seconds per training step (2 steps of the control on the new base, after one to warm up) and per scored
         item (one batch of dev answers), measured here: the estimate's basis."""
@@ -375,119 +337,6 @@ class Pick:
         generate_answers(load_new_base(self.cfg), self.tok_new, batch, self.cfg.max_new_tokens)
         return {"step_s": sum(times[1:]) / max(1, len(times) - 1), "item_s": (time.perf_counter() - start) / len(batch)}
 
-    def plan(self, measured: dict | None) -> str:
-        """What the run will use, train and score, and for how long (from `measure`)."""
-        cfg, c = self.cfg, self.counts()
-        old = (f"your {'model' if cfg.old_is_full_model else 'adapter'} {cfg.old_model} (used as is)"
-               if cfg.old_model else f"a task adapter trained on {cfg.old_base} from train ({len(self.rows['train'])} "
-                                     f"rows, lr {cfg.task_learning_rate:g}, {cfg.task_epochs:g} epochs)")
-        new_base = (f"{cfg.new_base_path} quantized ({cfg.new_quantization.get('library', '?')})"
-                    if cfg.new_quantization else cfg.new_base_path)
-        new = (f"{new_base} + your adapter {cfg.new_adapter} (used as is)" if cfg.new_adapter else
-               f"{new_base} + its own task adapter, trained from train" if cfg.new_task_adapter else
-               f"{new_base}" + (" + v1's adapter" if cfg.new_quantization and not cfg.old_is_full_model else ""))
-        lines = ["update: the plan", f"  v1: {old}", f"  v2: {new}",
-                 f"  trainings: {c['runs']} ({len(self.settings)} settings of {len({s.run for s in self.settings})} "
-                 f"runs × {len(self.dev_seeds())} dev seed(s), then the pick and the control on the other test "
-                 f"seeds), {c['steps_per_run']} steps each; {c['task_adapters']} task adapter(s) to train first",
-                 f"  scorings: {c['dev_scorings']} on dev ({len(self.rows['dev'])} items), {c['test_scorings']} on test "
-                 f"({len(self.rows['test'])} items)"]
-        workers = job_resources(cfg)[0]
-        lines.append(f"  jobs: each training and scoring on {describe(cfg)}")
-        if measured:
-            task = c["task_adapters"] * c["task_adapter_steps"] * measured["step_s"]
-            one, wall = self.estimate(measured, 1), self.estimate(measured, workers)
-            lines.append(f"  time: about {_duration(task + one)} at most (measured here: {measured['step_s']:.2f} s "
-                         f"per training step, {measured['item_s']:.2f} s per scored item; distilling runs counted "
-                         f"1.5× a control step, E3's anchor, not measured); stored steps are reused")
-            if workers != 1:
-                lines.append(f"  on {workers or 'as many'} workers: about {_duration(task + wall)} (the jobs' own "
-                             "start-up — imports, loading the models — not counted; studies/results.md measures it)")
-        return "\n".join(lines)
-
-    # -- stages ---------------------------------------------------------------------------------------------------
-    def dev_stage(self) -> dict:
-        """Every setting on dev, and the pick, written to `dev_choices.json` (no test item read)."""
-        from ..compat.stats.metrics import flip_metrics
-
-        self.prepare()
-        seeds = self.dev_seeds()
-        self.run_jobs(self.jobs("dev", ["v1", "v2", *((s, seed) for s in self.settings for seed in seeds)]))
-        v1, v2 = self.v1_scores("dev"), self.v2_scores("dev")  # stored by the jobs, as is every score below
-        rows = []
-        for setting in self.settings:  # each setting's dev scores, averaged over the dev seeds
-            ms = [flip_metrics(v1["correct"], self.setting_scores(setting, s, "dev")["correct"], seed=self.cfg.seed)
-                  for s in seeds]
-            mean = {k: sum(m[k] for m in ms) / len(ms) if all(m[k] is not None for m in ms) else None
-                    for k in ("new_acc", "nfr", "pfr", "btc")}
-            rows.append({**setting.as_dict(), "label": setting.label(), "acc": mean["new_acc"], "nfr": mean["nfr"],
-                         "pfr": mean["pfr"], "btc": mean["btc"], "seeds": len(seeds)})
-        rule = pick_setting(rows, self.cfg.max_accuracy_drop)
-        v2m = flip_metrics(v1["correct"], v2["correct"], seed=self.cfg.seed)
-        choices = {"rule": f"lowest dev NFR among settings with dev accuracy ≥ the best control's − "
-                           f"{self.cfg.max_accuracy_drop:g}" + (f" (means over {len(seeds)} seeds)" if len(seeds) > 1
-                                                                else ""), **rule, "dev_seeds": seeds,
-                   "chosen_setting": rows[rule["chosen"]], "best_control_setting": rows[rule["best_control"]],
-                   "v1_dev_acc": v2m["old_acc"], "v2_dev_acc": v2m["new_acc"], "v2_dev_nfr": v2m["nfr"],
-                   "n_dev": len(self.rows["dev"]), "settings": rows}
-        atomic_write_text(self.out / "dev_choices.json", json.dumps(choices, indent=2))
-        chosen = self.settings[rule["chosen"]]
-        self.say(f"update: dev pick: {chosen.label()} (dev accuracy {rows[rule['chosen']]['acc']:.3f}, NFR "
-                 f"{rows[rule['chosen']]['nfr']:.3f}); best control {rows[rule['best_control']]['label']} (NFR "
-                 f"{rows[rule['best_control']]['nfr']:.3f})")
-        return choices
-
-    def dev_seeds(self) -> list[int]:
-        return [self.cfg.seed + k for k in range(self.cfg.dev_seeds)]
-
-    def test_stage(self, choices: dict) -> dict:
-        """The pick and the best control over the test seeds, against v1, at run level: Δ NFR and Δ accuracy with
-        intervals over seeds and items (`replicates.paired_runs_difference`), per-seed McNemar, and the noise floor —
-        how many of the control's answers flip right → wrong between two of its own seeds."""
-        from ..compat.stats.metrics import flip_indicators, flip_metrics, paired_seeds_difference
-        from ..compat.stats.replicates import paired_runs_difference, replicate_flips
-
-        chosen, control = self.settings[choices["chosen"]], self.settings[choices["best_control"]]
-        seeds = self.cfg.test_seeds or [self.cfg.seed]
-        arms = {"pick": chosen, "control": control} if chosen != control else {"control": control}
-        self.run_jobs(self.jobs("test", ["v1", "v2", *((s, seed) for s in arms.values() for seed in seeds),
-                                         (chosen, self.cfg.seed)]))  # the last: the shipped adapter's flips
-        v1, v2 = self.v1_scores("test"), self.v2_scores("test")
-        correct = {arm: [self.setting_scores(s, seed, "test")["correct"] for seed in seeds] for arm, s in arms.items()}
-        summary = {}
-        for arm, runs in [("v2", [v2["correct"]]), *correct.items()]:
-            per_seed = [flip_metrics(v1["correct"], c, seed=self.cfg.seed) for c in runs]
-            summary[arm] = {k: sum(m[k] for m in per_seed) / len(per_seed) if all(m[k] is not None for m in per_seed)
-                            else None for k in ("new_acc", "nfr", "pfr", "btc")}
-            summary[arm]["per_seed_nfr"] = [m["nfr"] for m in per_seed]
-        comparison = None
-        if "pick" in correct:
-            nfr = {arm: [flip_indicators(v1["correct"], c)["nfr"] for c in runs] for arm, runs in correct.items()}
-            d_nfr = paired_runs_difference(nfr["pick"], nfr["control"])
-            d_acc = paired_runs_difference(correct["pick"], correct["control"])
-            mcnemar = paired_seeds_difference(nfr["pick"], nfr["control"], n_boot=1)["per_seed"]
-            comparison = {"delta_nfr": d_nfr["diff"], "delta_nfr_ci": list(d_nfr["ci"]), "delta_nfr_se": d_nfr["se"],
-                          "delta_nfr_df": d_nfr["df"], "delta_nfr_mde": d_nfr["mde"], "per_seed": mcnemar,
-                          "delta_acc": d_acc["diff"], "delta_acc_ci": list(d_acc["ci"]),
-                          "runs_fixed": d_nfr["runs_fixed"]}
-        floor = replicate_flips(correct["control"], correct["control"])["noise_floor"] if len(seeds) > 1 else None
-        return {"seeds": seeds, "v1_acc": sum(v1["correct"]) / len(v1["correct"]), "arms": summary,
-                "pick_vs_control": comparison, "control_noise_floor": floor, "n_test": len(self.rows["test"])}
-
-    def ship(self, choices: dict) -> Path:
-        """The pick's adapter (seed `cfg.seed`) as `output_dir/chosen/`, with the setting beside it."""
-        setting = self.settings[choices["chosen"]]
-        source = self.train_run(setting, self.cfg.seed) / f"epoch-{setting.epochs}"
-        with finished_dir(self.out / "chosen") as tmp:
-            shutil.copytree(source, tmp, dirs_exist_ok=True)
-            (tmp / "adaptguard_choice.json").write_text(json.dumps(
-                {"setting": setting.as_dict(), "seed": self.cfg.seed, "base": self.cfg.new_base}, indent=2))
-        return self.out / "chosen"
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
-
 
 def _prepared(pick: Pick) -> bool:
     """The task adapters exist (a re-run): `prepare` then reads them without training."""
@@ -513,19 +362,19 @@ def run_pick(cfg: UpdateConfig, dry_run: bool = False) -> dict:
     start = time.perf_counter()
     pick = Pick(cfg, say=say)
     # the time estimate trains 3 steps and scores a batch: skipped when every dev run is stored (a finished re-run)
-    stored = (Path(pick.cfg.output_dir) / "dev_choices.json").exists() and _prepared(pick) and not pick.pending_runs()
-    say(pick.plan(None if stored else pick.measure()) + ("\n  every dev run is stored: nothing to train" if stored
+    stored = (Path(pick.cfg.output_dir) / "dev_choices.json").exists() and _prepared(pick) and not pending_runs(pick)
+    say(plan(pick, None if stored else pick.measure()) + ("\n  every dev run is stored: nothing to train" if stored
                                                            else ""))
     if dry_run:
-        return {"plan": pick.counts()}
+        return {"plan": counts(pick)}
     pick.executor = make_executor(pick.cfg, context=pick)  # Ray connected (or a local cluster started) here
     try:
-        choices = pick.dev_stage()
-        test = pick.test_stage(choices)
+        choices = dev_stage(pick)
+        test = test_stage(pick, choices)
     finally:
         pick.executor.close()
         pick.executor = None
-    pick.ship(choices)
+    ship(pick, choices)
     plot_dev(choices, pick.out / "dev_tradeoff.png")
     v = verdict(choices, test)
     report = {"old_base": pick.cfg.old_base, "new_base": pick.cfg.new_base, "n_train": len(pick.rows["train"]),
