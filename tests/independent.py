@@ -227,7 +227,7 @@ def fixed_n_p(metric: str, b: int, c: int, big_n: int, m_r: int, theta: float, g
             return (1.0 if greater else float(b == big_n)) if theta >= 1 else (float(c == big_n) if greater else 1.0)
         return mcnemar_p(b, c, greater) if theta == 0 else margin_p(b, c, big_n, theta, greater)
     k, n = {"new_acc": (m_r - b + c, big_n), "nfr": (b, big_n), "pfr": (c, big_n), "btc": (m_r - b, m_r),
-            "old_acc": (m_r, big_n)}[metric]
+            "old_acc": (m_r, big_n), "flip_rate": (b + c, big_n)}[metric]
     return rate_p(k, n, theta, greater)
 
 
@@ -246,8 +246,8 @@ def score_side(looks, big_n, m_r, m_w, metric, theta, greater, alpha, tolerance=
         x = looks[i]
         if metric == "acc_drop":
             z = tango_z(x["b"], x["c"], x["n"], theta)
-        else:
-            k = x["n_r"] - x["b"] + x["c"]
+        else:  # a rate of all items: new_acc, or the share of items whose answer changed (flip_rate)
+            k = x["b"] + x["c"] if metric == "flip_rate" else x["n_r"] - x["b"] + x["c"]
             z = (k / x["n"] - theta) / math.sqrt(theta * (1 - theta) / x["n"]) if 0 < theta < 1 else 0.0
         z = (z if greater else -z) if math.isfinite(z) else 0.0
         if hs[j] - tolerance[0] <= z < hs[j] + tolerance[1]:
@@ -259,9 +259,12 @@ def score_side(looks, big_n, m_r, m_w, metric, theta, greater, alpha, tolerance=
         low_drop, high_drop = (x["b"], x["c"] + left_w), (x["b"] + left_r, x["c"])
         if metric == "acc_drop":  # "drop > θ" must hold at the lowest final drop, "drop < θ" at the highest
             b, c = low_drop if greater else high_drop
+        elif metric == "flip_rate":  # "> θ" must hold if no item left flips, "< θ" if every one does
+            b, c = (x["b"], x["c"]) if greater else (x["b"] + left_r, x["c"] + left_w)
         else:  # "new_acc > θ" at the lowest final accuracy (the highest drop), "< θ" at the highest
             b, c = high_drop if greater else low_drop
-        v = (b - c) / big_n if metric == "acc_drop" else (m_r - b + c) / big_n
+        v = (b - c) / big_n if metric == "acc_drop" else (b + c) / big_n if metric == "flip_rate" else \
+            (m_r - b + c) / big_n
         if (v > theta if greater else v < theta) and fixed_n_p(metric, b, c, big_n, m_r, theta, greater) < alpha:
             return i, alpha
     return None, max(alpha, float(norm.sf(z)))
@@ -282,7 +285,7 @@ def look_counts(old, new, looks) -> list[dict]:
     return out
 
 
-NEEDS = {"nfr": "R", "btc": "R", "pfr": "W", "acc_drop": "RW", "new_acc": "RW", "old_acc": ""}
+NEEDS = {"nfr": "R", "btc": "R", "pfr": "W", "acc_drop": "RW", "new_acc": "RW", "old_acc": "", "flip_rate": "RW"}
 
 
 def group_decision(old, new, looks, big_n, m_r, m_w, metric, theta, op, alpha, tolerance=(0.0, 0.0)) -> dict:

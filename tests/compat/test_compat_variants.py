@@ -9,7 +9,9 @@ import pytest
 from in_process import run_cli, run_lm_eval_cli
 from lm_eval_runs import samples_file
 from test_compat_tasks import results
+from test_new_metric_row import FLIP_RATE
 
+from adaptguard.compat import metric_table
 from adaptguard.compat.compare import compare_runs
 from adaptguard.compat.reading.runs import RunError
 
@@ -166,3 +168,26 @@ def test_unknown_names_and_folders_are_refused(variant_runs, tmp_path):
     assert not (tmp_path / "o").exists()
     proc = run_cli("compat-tasks", "t_piqa", "--include-path", tmp_path / "missing", "--out", tmp_path / "o")
     assert proc.returncode == 2 and f"--include-path {tmp_path / 'missing'}: no such directory" in proc.stderr
+
+
+def test_a_new_row_is_a_metric_of_the_variant_and_pooled_in_its_group(variant_runs, lm_runs, monkeypatch):
+    """`flip_rate`, added as one row of the metric table (test_new_metric_row.py), is reported by the variant of each
+    task — the share of documents whose answer changed, counted here from the two runs' samples — and pooled by
+    size in the group's."""
+    monkeypatch.setitem(metric_table.METRICS, "flip_rate", FLIP_RATE)
+    root = variant_runs
+    out = root / "compat_flip_rate"
+    meta = json.dumps({"compat_reference": str(root / "old")})
+    proc = lm_eval(lm_runs / "new_model" / "model", root / "tasks", out, "compat_t_pair", "--metadata", meta,
+                   wrapper=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = results(out)
+    changed, sizes = {}, {}
+    for task in ("t_piqa", "t_gsm_n", "t_ll"):
+        metric = "exact_match" if task == "t_gsm_n" else "acc"
+        old, new = ({s["doc_id"]: s[metric] for s in map(json.loads, samples_file(root / side, task).read_text()
+                                                           .splitlines()) if s["filter"] == "none"}
+                    for side in ("old", "new"))
+        changed[task], sizes[task] = sum(old[d] != new[d] for d in old), len(old)
+        assert got[f"compat_{task}"]["flip_rate,none"] == pytest.approx(changed[task] / sizes[task]), task
+    assert got["compat_t_pair"]["flip_rate,none"] == pytest.approx(sum(changed.values()) / sum(sizes.values()))

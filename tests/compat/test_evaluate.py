@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from in_process import run_lm_eval_cli
 from independent import Ambiguous, agrapa_wealth, group_decision, mixture_e_value
+from test_new_metric_row import FLIP_RATE
 
 from adaptguard.cli.main import main
+from adaptguard.compat import metric_table
 
 pytestmark = pytest.mark.slow
 N = 120
@@ -117,7 +119,8 @@ def by_hand(baseline, out, expr: str) -> str:
             wealth = agrapa_wealth(old.astype(float) - new.astype(float), theta, greater)
             e = [wealth[n - 1] for n in t["looks"]]
         else:
-            k = {"nfr": lambda n: int(np.sum(old[:n] & ~new[:n])), "pfr": lambda n: int(np.sum(~old[:n] & new[:n]))}
+            k = {"nfr": lambda n: int(np.sum(old[:n] & ~new[:n])), "pfr": lambda n: int(np.sum(~old[:n] & new[:n])),
+                 "flip_rate": lambda n: int(np.sum(old[:n] != new[:n]))}
             e = [mixture_e_value(k[metric](n), n, theta, greater) for n in t["looks"]]
         p.append(min(1.0, 1 / max(e)))
     return "breach" if p[0] < 0.05 else "clear" if p[1] < 0.05 else "undecided"
@@ -384,6 +387,21 @@ def test_acc_drop_evaluates_both_strata_in_proportion(runs, embedded_path, tmp_p
     even = sum(d % 2 == 0 for d in docs)
     assert abs(even - len(docs) / 2) <= 1, (even, len(docs))
     assert compare_decisions(capsys, mixed, tmp_path / "out", "acc_drop>1%") == t["decisions"]
+
+
+@pytest.mark.parametrize("design", ["group", "anytime"])
+def test_a_new_row_is_evaluated_by_either_design(runs, embedded_path, tmp_path, capsys, mixed, monkeypatch, design):
+    """`flip_rate`, added as one row of the metric table (test_new_metric_row.py), is evaluated until decided: both
+    strata (either answer can change), its decision the one tests/independent.py computes from the record and the
+    samples, and `compare` on the output agrees."""
+    monkeypatch.setitem(metric_table.METRICS, "flip_rate", FLIP_RATE)
+    expr = "flip_rate>20%"
+    code = evaluate(runs, embedded_path, tmp_path / "out", "mixed", expr, extra=("--design", design))
+    t = record(tmp_path / "out")
+    assert t["decisions"][expr] == by_hand(mixed, tmp_path / "out", expr)
+    assert design == "anytime" or t["not_evaluated"] == []  # the group design: both strata
+    assert code == exit_of(t["decisions"])
+    assert compare_decisions(capsys, mixed, tmp_path / "out", expr) == t["decisions"]
 
 
 def test_the_last_look_decides_as_compare_on_all_items(runs, embedded_path, tmp_path, capsys, mixed):
