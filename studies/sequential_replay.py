@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from adaptguard.compat.compare import choose_metric
-from adaptguard.compat.decide import decide_threshold, group_stop
+from adaptguard.compat.decide import decide_threshold
+from adaptguard.compat.evidence import GroupSequential
 from adaptguard.compat.gate import Threshold
 from adaptguard.compat.reading.formats import read_runs
 from adaptguard.compat.reading.records import group_plan, task_order
@@ -237,7 +238,7 @@ def arms(seeds: int) -> list[dict]:
                     plan = group_plan(right, [t.metric], seed, task)
                     order = np.array([position[d] for d in plan["order"]], dtype=int)
                     looks = chunk_looks(len(order))
-                    decision, j, _ = group_stop(group_entry(old, new, order, looks, big_n, m_r), t, ALPHA)
+                    decision, j, _ = GroupSequential(group_entry(old, new, order, looks, big_n, m_r)).stop(t, ALPHA)
                     used = looks[j] if j is not None else len(order)
                     got = {"A2": (decision, used)}
                     if t.metric == "nfr":

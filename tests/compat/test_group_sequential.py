@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, multivariate_normal, norm
 
-from adaptguard.compat.decide import decide_threshold, group_stop
+from adaptguard.compat.decide import decide_threshold
+from adaptguard.compat.evidence import GroupSequential
 from adaptguard.compat.gate import Threshold
 from adaptguard.compat.reading.records import group_plan
 from adaptguard.compat.stats import group_sequential as gs
@@ -109,10 +110,10 @@ def test_with_every_item_that_can_change_it_done_the_decision_is_compares_on_all
         plan = group_plan(dict(enumerate(old.tolist())), [t.metric], int(rng.integers(100)), "t")
         order = np.array(plan["order"])
         fixed = decide_threshold("t", flip_metrics(old, new, interval="exact"), t, ALPHA)
-        decision, _, ps = group_stop(_entry(old, new, order, [len(order)]), t, ALPHA)
+        decision, _, ps = GroupSequential(_entry(old, new, order, [len(order)])).stop(t, ALPHA)
         assert (decision, ps["p_value"], ps["p_within"]) == (fixed["decision"], fixed["p_value"], fixed["p_within"])
         looks = list(range(20, len(order), 20)) + [len(order)]
-        early, _, _ = group_stop(_entry(old, new, order, looks), t, ALPHA)
+        early, _, _ = GroupSequential(_entry(old, new, order, looks)).stop(t, ALPHA)
         assert {early, fixed["decision"]} != {"breach", "clear"}
 
 
@@ -192,7 +193,7 @@ def test_nfr_5pct_boundaries_worked_out_independently_and_decided_exactly_at_the
             chunk = order[done:look]
             new[chunk[:flips]] = False  # right → wrong
             done = look
-        return group_stop(_entry(old, new, order, looks[: len(flips_by_look)]), t, ALPHA)
+        return GroupSequential(_entry(old, new, order, looks[: len(flips_by_look)])).stop(t, ALPHA)
 
     assert run([b1])[:2] == ("breach", 0)
     assert run([b1 - 1])[0] == "undecided"

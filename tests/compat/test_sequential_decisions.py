@@ -23,7 +23,8 @@ from independent import (
 )
 from scipy.stats import binomtest, norm
 
-from adaptguard.compat.decide import decide_across, decide_threshold, group_stop
+from adaptguard.compat.decide import decide_across, decide_threshold
+from adaptguard.compat.evidence import GroupSequential
 from adaptguard.compat.gate import Threshold
 from adaptguard.compat.stats.group_sequential import z_boundaries
 
@@ -106,7 +107,7 @@ def test_each_decision_equals_the_second_implementation(expr, big_n, m_r, rates,
         got = decide_threshold("task", entry, t, ALPHA)
         where = f"run {i}: looks {looks}, counts {look_counts(old, new, looks)}"
         assert got.decision.value == want["decision"], where
-        assert group_stop(entry, t, ALPHA)[1] == want["at"], where
+        assert GroupSequential(entry).stop(t, ALPHA)[1] == want["at"], where
         assert got.p_value == pytest.approx(want["p_value"], rel=1e-7, abs=1e-12), where
         assert got.p_within == pytest.approx(want["p_within"], rel=1e-7, abs=1e-12), where
         v = estimate(old, new, looks, big_n, t.metric)
@@ -199,7 +200,7 @@ def test_a_run_is_curtailed_where_the_items_left_cannot_save_it():
             z = (b - c) / math.sqrt(b + c)  # Tango's score at margin 0
             if h - GRID[0] <= z < h + GRID[1]:
                 continue
-            decision, at, ps = group_stop(entry_of(old, new, [295], 300), t, ALPHA)
+            decision, at, ps = GroupSequential(entry_of(old, new, [295], 300)).stop(t, ALPHA)
             crosses, certain = z >= h, b - c - 2 > 0 and mcnemar_p(b, c + 2, True) < ALPHA
             if crosses:
                 assert (decision.value, at, ps["p_value"]) == ("breach", 0, pytest.approx(

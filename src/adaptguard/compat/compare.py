@@ -23,6 +23,7 @@ from .reading.records import group_view, load_record, restrict, sequential_entry
 from .reading.runs import RunError, Sample, TaskRun, same_choices
 from .stats.metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
 from .stats.replicates import chance_rate, items_beyond_noise, replicate_flips
+from .verdicts import Evidence
 
 CORRECTNESS_METRICS = ("acc", "exact_match", "em")
 
@@ -231,9 +232,8 @@ def _is_churn(entry: Mapping, samples: list, alpha: float) -> dict | None:
                          [s.target for s in samples] if fixed else list(range(len(samples))))
     n = entry["n"]
     guess = sum(1 / s.n_choices for s in samples) / len(samples)
-    seq = entry.get("sequential") or {}
-    if seq.get("design") == "group":
-        return _group_churn(entry, seq, chance, guess, alpha)
+    if entry.evidence.kind is Evidence.GROUP:
+        return _group_churn(entry, entry["sequential"], chance, guess, alpha)
     return churn(entry["old_acc"] * n, entry["new_acc"] * n, entry["n_negative_flips"], n, chance, guess, alpha)
 
 
@@ -259,7 +259,7 @@ def _group_churn(entry: Mapping, seq: dict, chance: float, guess: float, alpha: 
 def _baseline_samples(old: dict, task: str, filt: str, entry, record: dict | None) -> list:
     """The old samples a task's churn test reads: the compared items, or all the baseline's for a group-sequential
     run (its items are chosen by the old model's answers, so they say nothing of its chance level)."""
-    if record is None or (entry.metrics.get("sequential") or {}).get("design") != "group":
+    if record is None or entry.evidence.kind is not Evidence.GROUP:
         return entry.samples[0]
     return [s for (f, _), s in old[task].samples.items() if f == filt]
 
@@ -399,7 +399,7 @@ def compare_runs(old_path, new_path, *, similarity: str | None = None, metric: s
         for name, regression in flag_regressions(mine, alpha, include_churn).items():
             mine[name].metrics["regression"] = regression
         # a group-sequential run evaluated the items chosen by the old model's answers: no pooled view of them
-        group = any((e.metrics.get("sequential") or {}).get("design") == "group" for e in mine.values())
+        group = any(e.evidence.kind is Evidence.GROUP for e in mine.values())
         if not group:
             pooled = _pooled(mine, include_churn, level)
             if pooled is not None:

@@ -8,6 +8,7 @@ import json
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 from .evidence import OneRun, evidence_of
@@ -39,9 +40,10 @@ class TaskComparison(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self.metrics)
 
-    @property
+    @cached_property
     def evidence(self) -> OneRun:
-        """The kind of evidence behind the entry, as its type (`evidence`): its tests, intervals and reach."""
+        """The kind of evidence behind the entry, as its type (`evidence`): its tests, intervals and reach. Built once,
+        when first asked (`compare_runs` asks once the entry's kind is set: its replicates or its sequential record)."""
         return evidence_of(self.metrics)
 
     @classmethod

@@ -36,7 +36,7 @@ from fractions import Fraction
 
 from .comparison import Comparison
 from .decide import decide_across, decide_threshold, is_churn
-from .evidence import replicated, value
+from .evidence import evidence_of, value
 from .metric_table import METRICS, ONE_RUN, REPLICATES, about_flips, in_rate_units, is_rate, names
 from .verdicts import EXIT_PASSED, OUTCOMES, Decision, Evidence, Gate, LeftOut, Shows, ThresholdDecision, decision_of
 
@@ -106,11 +106,11 @@ class Threshold:
 
 def _check(t: Threshold, entries: list[Mapping], significance: float | None) -> None:
     """Refuse a threshold that cannot be applied to the matched entries (GateError, exit status 2)."""
-    if t.metric == "excess_nfr" and not any(replicated(e) for e in entries):
+    is_replicated = any(evidence_of(e).kind is Evidence.REPLICATES for e in entries)
+    if t.metric == "excess_nfr" and not is_replicated:
         raise GateError(f"--fail-on {t.expr!r}: excess_nfr needs replicate runs on a side (OLD or NEW as "
                         f"RUN1,RUN2,...): with one run each, nothing measures the noise floor of reruns")
     if significance is not None:
-        is_replicated = any(replicated(e) for e in entries)
         evidence = REPLICATES if is_replicated else ONE_RUN
         testable = names(lambda m: evidence in m.tests)
         if t.metric not in testable:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from ..comparison import Comparison
 from ..verdicts import NOTHING_GATED, Decision, Gate
-from .report import explained_lines, legend, run_names, table_rows
+from .report import explained_lines, has_replicates, legend, run_names, table_rows
 
 
 def _gate_section(gate: Gate) -> list[str]:
@@ -70,7 +70,7 @@ def compare_page(report: Comparison | Mapping, flips: list[dict], figure_png: by
     for f in flips:
         counts.setdefault(f["task"], {}).setdefault(f["kind"], 0)
         counts[f["task"]][f["kind"]] += 1
-    replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report.tasks.values())
+    replicated = any(has_replicates(e) for e in report.tasks.values())
     sections += ["<h2>Per task</h2>", table(header, rows), "<ul>" + "".join(f"<li>{escaped(x)}</li>" for x in
                                                                           explained_lines(report)) + "</ul>",
                  "<p class='note'>" + "<br>".join(escaped(x) for x in legend(report)) + "</p>"]

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from ..comparison import Comparison
 from ..metric_table import METRICS
-from ..verdicts import Decision, Gate, ThresholdDecision
+from ..verdicts import Decision, Evidence, Gate, ThresholdDecision
 from .flips import shorten
 
 
@@ -77,13 +77,20 @@ def _verdict(e: Mapping, name: str, report: Comparison) -> str:
     return word + (f"; {churn}" if churn else "")
 
 
+def has_replicates(entry: Mapping) -> bool:
+    """Its evidence is replicate runs on a side (`evidence`)."""
+    from ..evidence import evidence_of
+
+    return evidence_of(entry).kind is Evidence.REPLICATES
+
+
 def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]]:
     from ..evidence import interval
 
     report = Comparison.of(report)
     alpha = report.alpha
     level = f"{100 * (1 - 2 * alpha):g}%"
-    replicated = any(not (e.get("replicates") or {"runs_fixed": True})["runs_fixed"] for e in report.tasks.values())
+    replicated = any(has_replicates(e) for e in report.tasks.values())
     header = ["task", "n", "acc old → new", "NFR %", f"NFR {level} CI", "PFR %", "incons. %", "BTC %"]
     header += ["runs", "noise floor %", "excess NFR %", f"excess {level} CI", "MDE %", "p (BH)"] if replicated \
         else ["McNemar p", "MDE %"]
@@ -109,7 +116,7 @@ def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]
         row = [name, str(e["n"]), acc, pct(e.get("nfr"), e.get("n_negative_flips")), _fmt(nfr_ci, True),
                pct(e.get("pfr"), e.get("n_positive_flips")), pct(e.get("inconsistency_flips")), pct(e.get("btc"))]
         if replicated:
-            fixed = r.get("runs_fixed", True)
+            fixed = not has_replicates(e)
             row += ["–" if not r else f"{r['runs'][0]}+{r['runs'][1]}", pct(r.get("noise_floor")),
                     pct(r.get("excess_nfr")), "–" if fixed else _fmt(interval(e, "excess_nfr", alpha), True),
                     "–" if not r else pct(r["mde"]),
@@ -177,7 +184,7 @@ def _task_facts(name: str, e: Mapping) -> str:
         return (f"{name}: old accuracy {100 * e['old_acc']:.1f} %; {rates} (the new model's accuracy was not "
                 "measured: only the items that can flip were evaluated).")
     acc = f"accuracy {100 * e['old_acc']:.1f} → {100 * e['new_acc']:.1f} % ({100 * (e['new_acc'] - e['old_acc']):+.1f} points)"
-    if not (r and not r["runs_fixed"]):
+    if not has_replicates(e):
         broke, fixed = round(e["n_negative_flips"]), round(e["n_positive_flips"])
         return (f"{name}: {acc}; {broke} answer{'s' * (broke != 1)} broke (NFR {pct(e['nfr'])} %), {fixed} "
                 f"{'was' if fixed == 1 else 'were'} fixed (PFR {pct(e['pfr'])} %).")
