@@ -26,7 +26,8 @@ import numpy as np
 from scipy.special import gammaln
 from scipy.stats import binom, chi2, norm
 
-from adaptguard.compat.stats.metrics import binomial_p, tango_z
+from adaptguard.compat.stats.metrics import binomial_p
+from adaptguard.compat.stats.paired_drop import tango_z
 
 ALPHA = 0.05
 

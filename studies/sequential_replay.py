@@ -36,7 +36,8 @@ from adaptguard.compat.reading.formats import read_runs
 from adaptguard.compat.reading.records import group_plan, task_order
 from adaptguard.compat.stats import group_sequential as gs
 from adaptguard.compat.stats.anytime import agrapa_e_process, anytime_e_values, rate_e_value
-from adaptguard.compat.stats.metrics import flip_metrics, paired_drop_p, tango_z
+from adaptguard.compat.stats.metrics import flip_metrics
+from adaptguard.compat.stats.paired_drop import paired_drop_p, tango_z
 
 ALPHA, CHUNK = 0.05, 25
 RECORDS = Path(__file__).resolve().parents[1] / "studies/results/e6_records"

@@ -12,8 +12,10 @@ from scipy.optimize import minimize_scalar
 from scipy.stats import binom, chi2
 
 from adaptguard.compat.evidence import p_beyond
-from adaptguard.compat.gate import Threshold, check_gate, describe, exit_status
-from adaptguard.compat.stats.metrics import combined_drop_p, exact_rate_ci, flip_metrics, paired_drop_p, tango_z
+from adaptguard.compat.gate import Threshold, check_gate, exit_status
+from adaptguard.compat.render.decisions import describe
+from adaptguard.compat.stats.metrics import exact_rate_ci, flip_metrics
+from adaptguard.compat.stats.paired_drop import combined_drop_p, paired_drop_p, tango_z
 from adaptguard.compat.stats.replicates import items_beyond_noise
 from studies.simulate import simulate_runs
 

@@ -7,7 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from adaptguard.compat.gate import decision_line, describe, exit_status, headline
+from adaptguard.compat.gate import exit_status
+from adaptguard.compat.render.decisions import decision_line, describe, headline
 from adaptguard.compat.verdicts import Across, Decision, Evidence, Gate, LeftOut, Reason, Shows, ThresholdDecision
 
 B, U, C = Decision.BREACH, Decision.UNDECIDED, Decision.CLEAR

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from scipy.stats import binom, binomtest, multinomial
 
 from adaptguard.compat.gate import Threshold, check_gate, exit_status
-from adaptguard.compat.stats.metrics import flip_metrics, paired_drop_p, tango_z
+from adaptguard.compat.stats.metrics import flip_metrics
+from adaptguard.compat.stats.paired_drop import paired_drop_p, tango_z
 from adaptguard.compat.stats.replicates import replicate_flips
 
 SIZES = json.loads((ROOT / "studies/results/gate_sizes.json").read_text())

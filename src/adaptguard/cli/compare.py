@@ -67,7 +67,8 @@ def _compare(ns: argparse.Namespace) -> int:
         if path and path != "-":
             print(f"{label}: {path}", file=sys.stderr if to_stdout else sys.stdout)
     if ns.fail_on:
-        from ..compat.gate import describe, exit_status
+        from ..compat.gate import exit_status
+        from ..compat.render.decisions import describe
 
         print(describe(report.gate), file=sys.stdout if report.gate.passed and not to_stdout else sys.stderr)
         return exit_status(report.gate)

@@ -15,7 +15,7 @@ def _evaluate(ns: argparse.Namespace) -> int:
     import contextlib
     import tempfile
 
-    from ..compat.gate import describe, exit_status
+    from ..compat.gate import exit_status
     from ..compat.harness.callback import task_manager
     from ..compat.harness.tasks import gathered_include_path
     from ..compat.harness.until_decided import (
@@ -28,6 +28,7 @@ def _evaluate(ns: argparse.Namespace) -> int:
     )
     from ..compat.reading.formats import read_runs
     from ..compat.reading.records import load_record
+    from ..compat.render.decisions import describe
     from ..models.embedded import resolve_model_names
     from ..plugins import lm_eval_task_dirs
 

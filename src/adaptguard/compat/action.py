@@ -282,7 +282,7 @@ def main(env: Mapping[str, str] | None = None, http: Http | None = None) -> int:
 
 
 def _headline(gate: dict) -> str:
-    from .gate import headline
+    from .render.decisions import headline
 
     return headline(gate)
 

@@ -10,7 +10,6 @@ Works for any lm-eval task logged with `--log_samples`:
 from __future__ import annotations
 
 import fnmatch
-import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,12 +19,10 @@ from .decide import across_verdict, churn, churn_rule, flag_regressions, is_chur
 from .metric_table import METRICS, Unit
 from .reading.formats import read_runs
 from .reading.records import group_view, load_record, restrict, sequential_entry
-from .reading.runs import RunError, Sample, TaskRun, same_choices
+from .reading.runs import CORRECTNESS_METRICS, RunError, Sample, TaskRun, choose_metric, same_choices
 from .stats.metrics import delta_metrics, flip_metrics, similarity_deltas, smooth_flip_metrics
 from .stats.replicates import chance_rate, items_beyond_noise, replicate_flips
 from .verdicts import Evidence
-
-CORRECTNESS_METRICS = ("acc", "exact_match", "em")
 
 
 def check_same_setup(old: TaskRun, new: TaskRun, labels=("old", "new")) -> None:
@@ -52,40 +49,6 @@ def check_same_setup(old: TaskRun, new: TaskRun, labels=("old", "new")) -> None:
             raise RunError(f"task {task!r}: doc_id {key[1]} is a different document (doc_hash differs)")
         if s_old.target_hash and s_new.target_hash and s_old.target_hash != s_new.target_hash:
             raise RunError(f"task {task!r}: doc_id {key[1]} has a different target (target_hash differs)")
-
-
-def choose_metric(run: TaskRun, filt: str, requested: str | None, graded_ok: bool = False) -> str | None:
-    """The 0/1 correctness metric of a task: `requested`, else the first of acc/exact_match/em present. With
-    `graded_ok` (a --similarity run that named no metric), a default metric that is not 0/1 is passed over (None)
-    instead of refused: the similarity scores the task."""
-    samples = [s for (f, _), s in run.samples.items() if f == filt]
-    present = sorted({m for s in samples for m in s.metrics} | {m for s in samples for m in s.other_metrics})
-    names = [requested] if requested else [run.default_metric] if run.default_metric else \
-        [m for m in CORRECTNESS_METRICS if m in samples[0].metrics or m in samples[0].other_metrics]
-    for name in names:
-        for s in samples:
-            if name in s.other_metrics:
-                raise RunError(f"{s.where or run.path}: metric {name!r} is {s.other_metrics[name]!r}, not a number")
-            if name in s.metrics and not math.isfinite(s.metrics[name]):
-                raise RunError(f"{s.where or run.path}: metric {name!r} is {s.metrics[name]}, not a finite number")
-        values = [s.metrics.get(name) for s in samples]
-        if all(v is None for v in values):
-            raise RunError(f"{run.path}: task {run.task!r} has no metric {name!r}; its samples have: "
-                           f"{', '.join(present) or 'no metric'}")
-        if any(v is None for v in values):
-            raise RunError(f"{run.path}: metric {name!r} is missing from some samples of task {run.task!r} (the "
-                           f"samples have: {', '.join(present)})")
-        if not set(values) <= {0.0, 1.0}:
-            if graded_ok and not requested:
-                return None
-            odd = next(v for v in values if v not in (0.0, 1.0))
-            texts = all(isinstance(s.answer, str) for s in samples)
-            raise RunError(f"{run.path}: metric {name!r} of task {run.task!r} is not 0/1 (e.g. {odd:g}); compare "
-                           "needs right or wrong per item: "
-                           + ("score the generated answers with --similarity NAME (e.g. rouge1), or " if texts else "")
-                           + f"name a 0/1 metric with --metric (the samples have: {', '.join(present)})")
-        return name
-    return None
 
 
 def _text(sample: Sample) -> str:

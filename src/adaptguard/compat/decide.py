@@ -99,8 +99,8 @@ def pooled_entry(olds, news) -> dict:
 def across_tasks(entries: list[Mapping], pooled: dict, margin: float = 0.0, op: str = ">") -> dict[str, float]:
     """Kübler et al.'s three tests of "the new model is worse by more than `margin`" across K tasks, each a p-value:
     `pooled` (every item of every task in one test), `max_drop` and `fisher` (the tasks' one-sided p-values combined,
-    `metrics.combined_drop_p`). A verdict splits α across the three (Bonferroni, α/3 each)."""
-    from .stats.metrics import combined_drop_p
+    `paired_drop.combined_drop_p`). A verdict splits α across the three (Bonferroni, α/3 each)."""
+    from .stats.paired_drop import combined_drop_p
 
     per_task = [p_beyond(e, "acc_drop", margin, op) for e in entries]
     return {"pooled": p_beyond(pooled, "acc_drop", margin, op), **combined_drop_p(per_task)}

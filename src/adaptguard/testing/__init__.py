@@ -59,7 +59,7 @@ def assert_compatible(old: Run, new: Run, *fail_on: str | Sequence[str], undecid
         detail = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.filename and err.strerror else str(err)
         _record(f"{where}: bad input: {detail}")
         raise GateInputError(f"adaptguard: {detail}") from None
-    from ..compat.gate import describe
+    from ..compat.render.decisions import describe
 
     text, status = describe(gate), gate.status
     fails = status is Decision.BREACH or (status is Decision.UNDECIDED and undecided == "fail")

@@ -104,7 +104,7 @@ class GroupSequential(OneRun):
         from scipy.stats import norm
 
         from ..stats.group_sequential import EARLY_SHARE, obf_spent, z_boundaries
-        from ..stats.metrics import tango_z
+        from ..stats.paired_drop import tango_z
 
         s = entry["sequential"]
         big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]

@@ -55,7 +55,7 @@ class OneRun:
 
     def p(self, metric: str, threshold: float, op: str) -> float:
         """p-value of H0 "metric ≤ threshold" against "metric > threshold" (`op` ">"), or of "≥" against "<"."""
-        from ..stats.metrics import paired_drop_p
+        from ..stats.paired_drop import paired_drop_p
 
         e = self.entry
         if metric == "acc_drop":
@@ -115,7 +115,7 @@ class Replicates(OneRun):
     def _item_level_p(self, metric: str, threshold: float, greater: bool) -> float:
         """The item-level exact test: the per-item means over run pairs, summed, as one run's counts (rounded toward
         H0), the noise floor taken as known for `excess_nfr`. Identical reruns give exactly one run's exact test."""
-        from ..stats.metrics import paired_drop_p
+        from ..stats.paired_drop import paired_drop_p
 
         r, n = self.entry["replicates"], self.entry["n"]
         b, c = r["nfr"] * n, r["pfr"] * n

@@ -240,7 +240,7 @@ def _plan(run, settings: dict, thresholds: list, task: str) -> dict:
     seed = settings["seed"]
     if settings.get("design", "anytime") == "anytime":
         return {"order": task_order([d for _, d in run.samples], seed, task)}
-    from ..compare import choose_metric
+    from ..reading.runs import choose_metric
 
     filt = run.filters[0]
     metric = choose_metric(run, filt, None)

@@ -11,7 +11,7 @@ from .report import explained_lines, has_replicates, legend, run_names, table_ro
 
 def _gate_section(gate: Gate) -> list[str]:
     """The gate's decisions as lists: breaches, then undecided thresholds, then what was left out."""
-    from ..gate import decision_line
+    from .decisions import decision_line
     from .html import escaped
 
     out = []
@@ -58,7 +58,7 @@ def compare_page(report: Comparison | Mapping, flips: list[dict], figure_png: by
     gate = report.gate
     sections = [f"<p>{run_names(report.old)} → {run_names(report.new)}</p>".replace("`", "")]
     if gate is not None:
-        from ..gate import headline
+        from .decisions import headline
 
         verdict = headline(gate)
         status = gate.outcome.word

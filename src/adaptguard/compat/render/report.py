@@ -143,7 +143,7 @@ def task_sentence(name: str, e: Mapping, gate: Gate | Mapping | None = None, alp
                   include_churn: bool = False) -> str:
     """What happened on one task, in one sentence a user can act on: the counts, then the decisions on it — the
     gate's where there is a gate (nothing else claims a verdict then), else the regression flag."""
-    from ..gate import decision_line
+    from .decisions import decision_line
 
     out = _task_facts(name, e)
     decided = task_decisions(gate, name)
@@ -298,7 +298,7 @@ def to_markdown(report: Comparison | Mapping) -> str:
     lines += ["", *(f"- {x}" for x in explained_lines(report))]
     gate = report.gate
     if gate is not None:
-        from ..gate import describe
+        from .decisions import describe
 
         first, *rest = describe(gate).splitlines()
         lines += ["", "**G" + first[1:] + "**", *(f"- {x.strip()}" for x in rest)]

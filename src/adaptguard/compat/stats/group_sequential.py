@@ -23,7 +23,7 @@ decision that keeps the whole procedure's size ≤ α:
   the looks before it, so unplanned looks are fine), and a run that reaches the last look decides as `compare`.
   The clear side is the same test of the flipped threshold (each side non-binding: its size holds on the whole path).
 - `acc_drop` against a margin and `new_acc` (two strata, a nuisance rate): the score statistic at each early look
-  (`metrics.tango_z` for the drop, the binomial score for an accuracy) against O'Brien–Fleming boundaries for ε =
+  (`paired_drop.tango_z` for the drop, the binomial score for an accuracy) against O'Brien–Fleming boundaries for ε =
   α/5 spent by the same function (`z_boundaries`, Brownian motion at information t = n/N by recursive numerical
   integration; under stratified proportional sampling the unstratified score is conservative), the last look
   `compare`'s exact test at α; size P(fixed-n rejects ∪ an early look crosses) ≤ α is shown by simulation over the
