@@ -118,7 +118,19 @@ def _one_run(old, new) -> dict:
 
 def _claims():
     rows = {**metric_table.METRICS, "flip_rate": FLIP_RATE}
-    return [(name, kind) for name, m in rows.items() if m.per_item is not None for kind in sorted(m.tests)]
+    # the one-run rates not of the paired answers: the test below
+    return [(name, kind) for name, m in rows.items() for kind in sorted(m.tests)
+            if m.per_item is not None or kind is not ONE_RUN]
+
+
+@pytest.mark.parametrize("name", [n for n, m in metric_table.METRICS.items()
+                                  if m.per_item is None and ONE_RUN in m.tests])
+def test_each_rate_not_of_the_paired_answers_is_tested_on_its_share_of_items(name):
+    """inconsistency_flips and the smooth rates come from predictions or similarities, not from right and wrong:
+    one run's entry holds the share, and its test is the binomial test on share × n items."""
+    entry = {"n": 250, name: 70 / 250}
+    assert evidence_of(entry).p(name, 0.2, ">") == pytest.approx(binomtest(70, 250, 0.2, alternative="greater")
+                                                                  .pvalue, rel=1e-9)
 
 
 @pytest.mark.parametrize("name, kind", _claims())
@@ -126,6 +138,13 @@ def test_each_row_is_decided_by_each_kind_of_evidence_it_claims(flip_rate_row, n
     old, new = answers(3, 240, 0.55, 0.5)
     theta = {"acc_drop": 0.02}.get(name, 0.3)
     t = Threshold.parse(f"{name}>{100 * theta:g}%")
+    if metric_table.METRICS.get(name, FLIP_RATE).per_item is None:  # the rates above; excess_nfr over replicates:
+        assert (name, kind) == ("excess_nfr", Evidence.REPLICATES)  # identical reruns have no noise floor, so it is
+        entry = {**_one_run(old, new), "replicates": replicate_flips(np.array([old, old]), np.array([new, new]))}
+        assert entry["replicates"]["noise_floor"] == 0  # the NFR, tested as one run's
+        assert evidence_of(entry).p(name, 0.05, ">") == pytest.approx(evidence_of(_one_run(old, new)).p(
+            "nfr", 0.05, ">"), rel=1e-9)
+        return
     if kind is Evidence.ONE_RUN:
         entry = _one_run(old, new)
         if name == "acc_drop":  # the exact unconditional test against the margin: test_gate_sizes checks it
