@@ -183,3 +183,11 @@ def test_each_row_is_decided_by_each_kind_of_evidence_it_claims(flip_rate_row, n
         assert got.decision.value == want["decision"]
         assert got.p_value == pytest.approx(want["p_value"], rel=1e-6)
         assert got.p_within == pytest.approx(want["p_within"], rel=1e-6)
+
+
+def test_a_row_claiming_a_sequential_test_without_the_paired_answers_is_refused():
+    """evaluate counts a metric from the answers at each look: a row that cannot say how is refused when written."""
+    with pytest.raises(ValueError, match="'both_wrong': an anytime or group-sequential test needs"):
+        Metric("both_wrong", Unit.RATE, True, tests=frozenset({ONE_RUN, ANYTIME}))
+    with pytest.raises(ValueError, match="'gain': an anytime"):
+        Metric("gain", Unit.SCORE, False, tests=frozenset({GROUP}), per_item=lambda old, new: new)

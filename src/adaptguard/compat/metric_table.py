@@ -58,6 +58,12 @@ class Metric:
     counts: Callable[[Mapping], tuple[float, int]] | None = None
     column: str | None = None  # the report table's column that shows it
 
+    def __post_init__(self):
+        # evaluate's designs count a metric from the answers at each look: a row claiming them must say how
+        if self.tests & {ANYTIME, GROUP} and (self.per_item is None or self.unit is Unit.SCORE):
+            raise ValueError(f"metric {self.name!r}: an anytime or group-sequential test needs a rate or a difference "
+                             "of the paired answers (per_item)")
+
     @property
     def can_flip(self) -> str | None:
         """The strata of the known pool whose new answers can change it: "R" (old-right items), "W" (old-wrong), "RW"
