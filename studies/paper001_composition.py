@@ -18,6 +18,7 @@ Writes OUT/report.json, OUT/report.md and OUT/composition.png.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +26,15 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as `python studies/<name>.py`: `studies` from the root
+
 from adaptguard.compat.harness.callback import evaluate_with_lm_eval
 from adaptguard.compat.stats.metrics import flip_metrics
 from adaptguard.models.embedded import resolve_model
 from adaptguard.utils.figures import new_figure, save_figure
 from adaptguard.utils.progress import say
-from adaptguard.utils.sweeps import command_line, machine_info, report_footer, write_report
+from adaptguard.utils.sweeps import command_line, machine_info, report_footer
+from studies.common import write_report
 
 SETTINGS = ("simple1", "simple2", "composite", "composite_icl")
 # (suite, pair) -> separable? (paper 001 §4.3.1: the by-parts composites A+F, D+F; §4.3.2: both translations)

@@ -24,6 +24,7 @@ import hashlib
 import json
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,12 +33,15 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
-from adaptguard.data.openai_evals import as_prompt_completion, load_set
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as `python studies/<name>.py`: `studies` from the root
+
 from adaptguard.models.embedded import cache_root, resolve_model
 from adaptguard.update import UpdateConfig, run_update
 from adaptguard.utils.files import replace_dir
 from adaptguard.utils.progress import say
-from adaptguard.utils.sweeps import command_line, machine_info, report_footer, write_report
+from adaptguard.utils.sweeps import command_line, machine_info, report_footer
+from studies.common import write_report
+from studies.openai_evals import as_prompt_completion, load_set
 
 # v2: v1 trained on (full fine-tuning, language modelling) on LogiQA passages. Set once, before any update run.
 V2_RECIPE = {"text": "logiqa passages (the text before 'Question:')", "passages": 32, "max_steps": 8,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,15 +33,18 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as `python studies/<name>.py`: `studies` from the root
+
 from adaptguard.compat.compare import compare_task
 from adaptguard.compat.harness.callback import evaluate_with_lm_eval, task_runs_from_output
 from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
-from adaptguard.data.openai_evals import as_letter_choices, as_prompt_completion, load_set
 from adaptguard.demo.run import METHODS, Method, train_method
 from adaptguard.demo.tradeoff import tradeoff_plot
 from adaptguard.models.embedded import resolve_model
 from adaptguard.utils.progress import progress_bar, say
-from adaptguard.utils.sweeps import command_line, machine_info, report_footer, spread, write_report
+from adaptguard.utils.sweeps import command_line, machine_info, report_footer, spread
+from studies.common import write_report
+from studies.openai_evals import as_letter_choices, as_prompt_completion, load_set
 
 ALL_METHODS = {**METHODS, "DFT": Method("DFT", {"weighting": "dft"})}
 ALL_METHODS.pop("FLOW")  # not among the baselines; `adaptguard demo` runs it on the toy

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -39,6 +40,8 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as `python studies/<name>.py`: `studies` from the root
+
 from adaptguard.compat.compare import compare_runs, compare_task
 from adaptguard.compat.comparison import Comparison
 from adaptguard.compat.render.figure import plot_quadrants
@@ -47,7 +50,8 @@ from adaptguard.compat.render.outputs import write_outputs
 from adaptguard.data.bigbench import DEFAULT_TASKS, load_tasks, write_lm_eval_tasks
 from adaptguard.models.embedded import resolve_model
 from adaptguard.utils.quiet import hide_unused_library_noise
-from adaptguard.utils.sweeps import command_line, machine_info, machine_line, write_report
+from adaptguard.utils.sweeps import command_line, machine_info, machine_line
+from studies.common import write_lm_eval_generative_tasks, write_report
 
 
 @dataclass
@@ -361,7 +365,7 @@ def run_schemes(args: Args) -> dict:
     import shutil
 
     from adaptguard.compat.harness.callback import evaluate_with_lm_eval
-    from adaptguard.data.bigbench import load_generative_task, write_lm_eval_generative_tasks
+    from adaptguard.data.bigbench import load_generative_task
     from adaptguard.utils.files import atomic_write_text
 
     asked = args  # the command line names what the user gave (--e6), not what it expands to
@@ -389,7 +393,7 @@ def run_schemes(args: Args) -> dict:
         tasks += write_lm_eval_generative_tasks(generated, out / "tasks", limit=args.generated_limit)
     texts = []
     if args.kl_texts:
-        from adaptguard.data.openai_evals import load_set
+        from studies.openai_evals import load_set
 
         texts = [r["input"] for r in load_set("logiqa")[:args.kl_texts]]
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -30,9 +30,9 @@ import numpy as np
 from adaptguard.utils.files import atomic_write_text
 from adaptguard.utils.quiet import hide_unused_library_noise, note_4bit_kernel
 from adaptguard.utils.store import Store
-from adaptguard.utils.sweeps import machine_line, write_report
+from adaptguard.utils.sweeps import machine_line
 
-from .common import nfr, score, seeded_order, store_model_name, task_rows, training_rows, verdict
+from .common import nfr, score, seeded_order, store_model_name, task_rows, training_rows, verdict, write_report
 
 ARMS = {"compat": "student_wrong", "ll_l": "old_likelier_token", "old_only": "old_only", "control": None}
 MIX_TASKS = ("strategyqa", "logical_fallacy_detection", "implicatures", "movie_recommendation", "navigate",

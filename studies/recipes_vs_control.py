@@ -31,10 +31,9 @@ import numpy as np
 
 from adaptguard.utils.files import atomic_write_text
 from adaptguard.utils.quiet import hide_unused_library_noise
-from adaptguard.utils.store import export_records
-from adaptguard.utils.sweeps import machine_line, write_report
+from adaptguard.utils.sweeps import machine_line
 
-from .common import task_rows, training_rows, verdict
+from .common import export_records, task_rows, training_rows, verdict, write_report
 from .real_update import E1, MIX_TASKS, E1Config, _args, _key, load_base
 
 # the registered arms: recipe name -> its fields (temperature T is common)

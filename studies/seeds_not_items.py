@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaptguard.utils.quiet import hide_unused_library_noise
-from adaptguard.utils.store import export_records
 from adaptguard.utils.sweeps import machine_info
 
+from .common import export_records
 from .recipes_vs_control import E3, E3Config
 
 E3_RECORDS = Path("studies/results/e3_records")

@@ -27,10 +27,10 @@ import numpy as np
 
 from adaptguard.utils.files import atomic_write_text
 from adaptguard.utils.quiet import hide_unused_library_noise
-from adaptguard.utils.store import Store, export_records
-from adaptguard.utils.sweeps import machine_line, write_report
+from adaptguard.utils.store import Store
+from adaptguard.utils.sweeps import machine_line
 
-from .common import score_tasks, seeded_order, store_model_name, task_rows, training_rows, verdict
+from .common import export_records, score_tasks, seeded_order, store_model_name, task_rows, training_rows, verdict, write_report
 
 ARMS = {"SFT": "none", "TALR": "talr", "DFT": "dft"}  # arm -> TALRConfig.weighting
 GENERAL_TASKS = ("sports_understanding", "strategyqa", "implicatures", "navigate", "metaphor_boolean", "social_iqa")

@@ -27,9 +27,8 @@ import numpy as np
 from transformers import TrainerCallback
 
 from adaptguard.utils.files import atomic_write_text
-from adaptguard.utils.sweeps import write_report
 
-from .common import score_tasks, seeded_order, store_model_name, task_rows, training_rows
+from .common import score_tasks, seeded_order, store_model_name, task_rows, training_rows, write_report
 from .talr_vs_sft import ARMS, E2, E2Config, add_general_splits, markdown_tables, plot, summarise
 from .talr_vs_sft import main as e2_main
 

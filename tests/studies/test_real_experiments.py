@@ -30,7 +30,7 @@ def load_example(name):
 
 
 def test_parse_sample_reads_both_option_layouts():
-    from adaptguard.data.openai_evals import as_letter_choices, as_prompt_completion, parse_sample
+    from studies.openai_evals import as_letter_choices, as_prompt_completion, parse_sample
 
     med = parse_sample(MEDMCQA, "x")
     assert med == {"input": "You are a doctor.\nOnly write the answer down.\n\nSubject: Anatomy\n\nWhich bone?\n\n"
@@ -49,7 +49,7 @@ def test_parse_sample_reads_both_option_layouts():
     ({"input": [{"role": "user", "content": "no options here"}], "ideal": "a"}, "expected options"),
 ])
 def test_parse_sample_names_the_bad_field(sample, message):
-    from adaptguard.data.openai_evals import parse_sample
+    from studies.openai_evals import parse_sample
 
     with pytest.raises(ValueError, match=f"samples.jsonl line 3: {message}"):
         parse_sample(sample, "samples.jsonl line 3")
@@ -69,7 +69,7 @@ def fake_wheel(path, members: dict[str, bytes], record_overrides: dict[str, byte
 
 
 def test_load_set_reads_the_wheel_once_and_rejects_a_corrupted_one(tmp_path, monkeypatch):
-    from adaptguard.data.openai_evals import MEMBERS, load_set
+    from studies.openai_evals import MEMBERS, load_set
 
     monkeypatch.setenv("ADAPTGUARD_CACHE", str(tmp_path / "cache"))
     data = (json.dumps(MEDMCQA) + "\n" + json.dumps({**MEDMCQA, "ideal": "a) Femur"}) + "\n").encode()

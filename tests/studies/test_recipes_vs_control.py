@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_real_update import toy_task
 
-from adaptguard.utils.store import export_records
+from studies.common import export_records
 
 
 def generative_toy(tmp_path):

@@ -250,44 +250,13 @@ def load_generative_task(name: str, sdist: str | Path | None = None) -> list[dic
     return rows
 
 
-GENERATIVE_YAML = """task: {task}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-output_type: generate_until
-test_split: test
-doc_to_text: "{{{{input}}}}"
-doc_to_target: target
-generation_kwargs:
-  until: ["\\n"]
-  max_gen_toks: {max_new_tokens}
-  do_sample: false
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-    regexes_to_ignore: ["^\\\\s+", "\\\\s+$"]
-metadata:
-  version: 1.0
-  source: "{source}"
-"""
-
-
-def write_lm_eval_generative_tasks(tasks: dict[str, list[dict]], out_dir: Path, limit: int | None = None,
-                                   max_new_tokens: int = 8, prefix: str = "bb_") -> list[str]:
-    """Write generated-answer lm-eval tasks `<prefix><task>` (JSONL of `load_generative_task`'s rows + YAML) into
-    `out_dir`: greedy, up to `max_new_tokens`, stopped at a newline, scored by exact match with leading and trailing
-    whitespace ignored; the first `limit` examples of each. Returns the task names."""
-    return write_lm_eval_tasks(tasks, out_dir, limit, prefix, template=GENERATIVE_YAML, max_new_tokens=max_new_tokens)
-
-
 def write_lm_eval_tasks(tasks: dict[str, list[dict]], out_dir: Path, limit: int | None = None, prefix: str = "bb_",
                         source: str = "BIG-bench {name} (Apache-2.0), from the PyPI sdist bigbench==1.0.0",
                         template: str = YAML, **fields) -> list[str]:
     """Write multiple-choice lm-eval tasks `<prefix><task>` (JSONL of {"input", "choices", "label"} + YAML) into
     `out_dir`; the first `limit` examples of each. Returns the task names. `template` and `fields`: another YAML
-    (`GENERATIVE_YAML`) and what it needs besides the task, data file and source."""
+    (e.g. a generated-answer task of `load_generative_task`'s rows) and what it needs besides the task, data file
+    and source."""
     out_dir.mkdir(parents=True, exist_ok=True)
     names = []
     for name, rows in tasks.items():

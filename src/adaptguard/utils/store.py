@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 from .files import finished_dir
@@ -37,28 +36,3 @@ class Store:
             make(tmp)
             (tmp / "done.json").write_text(json.dumps(settings, default=str))
         return target
-
-
-RECORD_NAMES = frozenset({"scores.json", "predictions.json", "seconds.json", "epochs.json", "regime.json",
-                          "dev_choices.json", "budget.json", "report.json", "report.md"})
-
-
-def export_records(out: Path, to: Path, names: frozenset[str] = RECORD_NAMES) -> int:
-    """Copy the small records of an experiment's `out` — files named in `names` (per-item scores, choices, timings;
-    never weights) and the `done.json` of each step that a copy back into `out` finds finished (a score step, under
-    a `scores` folder, or a step made of records only), so that it resumes without redoing them — to `to`, keeping
-    relative paths. Unfinished (`.partial`) steps are skipped. Returns the number of files copied."""
-
-    def whole(step: Path) -> bool:
-        return all(p.name in names or p.name == "done.json" for p in step.rglob("*") if p.is_file())
-
-    n = 0
-    for path in sorted(out.rglob("*")):
-        rel = path.relative_to(out)
-        record = path.name in names or (path.name == "done.json" and ("scores" in rel.parts or whole(path.parent)))
-        if path.is_file() and record and ".partial" not in str(rel):
-            target = to / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-            n += 1
-    return n

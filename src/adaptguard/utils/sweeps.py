@@ -70,20 +70,6 @@ def command_line(script: str, args) -> str:
     return shlex.join(["python", script, *flags])
 
 
-def write_report(out, report: dict, markdown: str) -> None:
-    """An experiment's `report.json` and `report.md` in `out`, each written whole or not at all; the Markdown is
-    also printed."""
-    import json
-    from pathlib import Path
-
-    from .files import atomic_write_text
-
-    Path(out).mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(out) / "report.json", json.dumps(report, indent=2, default=float))
-    atomic_write_text(Path(out) / "report.md", markdown)
-    print(markdown)
-
-
 def report_footer(report: dict) -> str:
     """The last line of an experiment's Markdown: wall time, the command that reproduces it, the machine."""
     return (f"Total time {report['seconds'] / 60:.1f} min. Reproduce: `{report['settings']['command']}`. "

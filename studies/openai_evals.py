@@ -16,8 +16,8 @@ import json
 import re
 from pathlib import Path
 
-from ..models.wheels import downloaded_wheel, read_member
-from ..utils.files import atomic_write_text
+from adaptguard.models.wheels import downloaded_wheel, read_member
+from adaptguard.utils.files import atomic_write_text
 
 WHEEL_NAME, WHEEL_VERSION = "evals", "3.0.1.post1"
 MEMBERS = {"medmcqa": "evals/registry/data/medmcqa/samples.jsonl",
@@ -50,7 +50,7 @@ def load_set(name: str, wheel: Path | None = None) -> list[dict]:
     """The items of set `name` (see the module docstring) as {"input", "choices", "label"} rows (the
     layout of `bigbench.load_tasks`, so `bigbench.write_lm_eval_tasks` writes them as lm-eval tasks), in file order,
     read from the cache or, once, from the wheel (downloaded to `$ADAPTGUARD_CACHE/downloads/` unless given)."""
-    from ..models.embedded import cache_root
+    from adaptguard.models.embedded import cache_root
 
     if name not in MEMBERS:
         raise ValueError(f"unknown evals set {name!r}; known: {sorted(MEMBERS)}")

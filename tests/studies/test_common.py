@@ -1,8 +1,10 @@
-"""The experiments' store of finished steps and the records a session commits from it (`export_records`)."""
+"""What the studies share (studies/common.py): the records a session commits from the experiments' store of finished
+steps (`export_records`)."""
 
 import json
 
-from adaptguard.utils.store import Store, export_records
+from adaptguard.utils.store import Store
+from studies.common import export_records
 
 
 def test_exported_records_resume_only_the_steps_they_hold_whole(tmp_path):
