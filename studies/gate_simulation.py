@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as `python studies/<name>.py`: `studies` from the root
 
 from adaptguard.compat.decide import across_tasks, pooled_entry
 from adaptguard.compat.evidence import p_beyond

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # run as `python studies/<name>.py`: `studies` from the root
 
 from adaptguard.compat.stats.replicates import replicate_flips
 from studies.simulate import simulate_runs, true_excess_nfr
