@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptguard.compat.compare import choose_metric
 from adaptguard.compat.decide import decide_threshold
 from adaptguard.compat.evidence import GroupSequential
 from adaptguard.compat.gate import Threshold
 from adaptguard.compat.reading.formats import read_runs
 from adaptguard.compat.reading.records import group_plan, task_order
+from adaptguard.compat.reading.runs import choose_metric
 from adaptguard.compat.stats import group_sequential as gs
 from adaptguard.compat.stats.anytime import agrapa_e_process, anytime_e_values, rate_e_value
 from adaptguard.compat.stats.metrics import flip_metrics

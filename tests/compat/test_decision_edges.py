@@ -108,3 +108,23 @@ def test_a_group_entry_without_an_old_right_item_leaves_btc_undecided():
                             "new": [1, 0] * 20, "looks": [20, 40]}}
     got = decide_threshold("my_task", entry, Threshold.parse("btc<90%"), 0.05)
     assert (got.task, got.decision.value, got.p_value, got.p_within) == ("my_task", "undecided", 1.0, 1.0)
+
+
+def test_a_group_estimate_is_exact_where_its_counts_are():
+    """An estimate is computed from the counts exactly and rounded once: 1 right → wrong among 5 old-right items
+    evaluated of 7 gives BTC = 1 − (1/5 · 7)/7 = 4/5 exactly, so `btc<80%` with the significance off is at its
+    threshold (not beyond it), as compare's raw comparison says of an exact 80 %."""
+    from fractions import Fraction
+
+    from adaptguard.compat.decide import decide_threshold
+    from adaptguard.compat.gate import Threshold
+    from adaptguard.compat.reading.records import group_view
+    from adaptguard.compat.verdicts import Decision, Reason
+
+    seq = {"design": "group", "old": [1] * 5, "new": [0, 1, 1, 1, 1], "looks": [5], "items": 8,
+           "strata": {"R": 7, "W": 1}}
+    entry = {"sequential": seq, **group_view(seq)}
+    assert entry["btc"] == float(1 - Fraction(1, 5)) == 0.8
+    assert entry["nfr"] == float(Fraction(1 * 7, 5 * 8))  # 7/40
+    d = decide_threshold("t", entry, Threshold.parse("btc<80%"), None)
+    assert (d.decision, d.reason) == (Decision.CLEAR, Reason.AT_THRESHOLD_RAW)

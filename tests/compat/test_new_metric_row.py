@@ -191,3 +191,37 @@ def test_a_row_claiming_a_sequential_test_without_the_paired_answers_is_refused(
         Metric("both_wrong", Unit.RATE, True, tests=frozenset({ONE_RUN, ANYTIME}))
     with pytest.raises(ValueError, match="'gain': an anytime"):
         Metric("gain", Unit.SCORE, False, tests=frozenset({GROUP}), per_item=lambda old, new: new)
+
+
+def test_a_difference_row_other_than_the_drops_is_refused_with_tests_and_kept_without():
+    """A difference's tests are acc_drop's and excess_nfr's own; a new difference claiming one would be tested as a
+    rate (a binomial test of a value that can be negative), so it is refused. Reported only (no test), it is a row."""
+    gain = dict(per_item=lambda old, new: new.astype(int) - old.astype(int))
+    with pytest.raises(ValueError, match="'gain': the tests of a difference are acc_drop's and excess_nfr's"):
+        Metric("gain", Unit.DIFFERENCE, False, tests=frozenset({ONE_RUN}), **gain)
+    assert Metric("gain", Unit.DIFFERENCE, False, **gain).value_of([1, 0, 0, 1], [1, 1, 1, 0]) == 0.25
+
+
+def test_two_new_rows_sharing_a_column_fill_one_cell(monkeypatch):
+    """Rows may share a column (the Δ-metrics share ΔNFR_c): the table adds the column once and each task one cell,
+    the first of the column's metrics it reports."""
+    for name in ("changed_right", "changed_wrong"):
+        monkeypatch.setitem(metric_table.METRICS, name, Metric(name, Unit.RATE, True, column="changed %"))
+    tasks = {"a": {"n": 10, "old_acc": 0.5, "new_acc": 0.5, "changed_right": 0.1},
+             "b": {"n": 10, "old_acc": 0.5, "new_acc": 0.5, "changed_wrong": 0.3},
+             "c": {"n": 10, "old_acc": 0.5, "new_acc": 0.5, "delta_nfr": 0.01, "delta_nfr_pct": 5.0}}
+    header, rows = table_rows({"old": "o", "new": "n", "alpha": 0.05, "tasks": tasks})
+    assert header.count("changed %") == 1 and all(len(r) == len(header) for r in rows)
+    at = header.index("changed %")
+    assert [r[at] for r in rows] == ["10.0", "30.0", "–"]
+
+
+def test_the_gate_refuses_a_metric_without_a_test_of_the_runs_design():
+    """smooth_nfr has a one-run test only: on a run evaluated until decided the gate says so (exit 2), where it
+    crashed."""
+    from adaptguard.compat.gate import GateError, check_gate
+
+    seq = {"design": "group", "old": [1, 0], "new": [1, 1], "looks": [2], "items": 2, "strata": {"R": 1, "W": 1}}
+    report = {"old": "o", "new": "n", "alpha": 0.05, "tasks": {"t": {"sequential": seq, "n": 2, "smooth_nfr": 0.5}}}
+    with pytest.raises(GateError, match="smooth_nfr has no group test on a run evaluated until decided; use one of nfr"):
+        check_gate(report, [Threshold.parse("smooth_nfr>5%")], significance=0.05)

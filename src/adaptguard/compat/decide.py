@@ -1,9 +1,10 @@
-"""Every decision `compare` states, in one module: per (task, threshold) breach / clear / undecided, per task whether
-its flips are churn and whether the data support a regression, and across tasks Kübler et al.'s (2026) verdict. The
-rendering (terminal, table, Markdown, page) only reads these decisions, so no sentence can say more than a test did.
+"""Every decision `compare` states: per (task, threshold) breach / clear / undecided, per task whether its flips are
+churn and whether the data support a regression, and across tasks Kübler et al.'s (2026) verdict. The rendering
+(terminal, table, Markdown, page) only reads these decisions, so no sentence can say more than a test did.
 
-A threshold's two one-sided tests — "beyond θ" (a breach) and "within θ" (a clear) — are those of the entry's kind
-of evidence (`evidence`: one run, replicates, anytime, group-sequential); the decisions are typed (`verdicts`).
+A threshold is decided by the entry's evidence (`evidence`: one run, replicates, anytime, group-sequential; its
+`decide` runs the two one-sided tests — "beyond θ" (a breach) and "within θ" (a clear) — or, for a group-sequential
+run, finds where it stopped); the decisions are typed (`verdicts`).
 """
 
 from __future__ import annotations

@@ -117,6 +117,12 @@ def _check(t: Threshold, entries: list[Mapping], significance: float | None) -> 
             raise GateError(f"--fail-on {t.expr!r}: {t.metric} has no significance test"
                             + (" over replicate runs" if is_replicated else "")
                             + f"; use one of {', '.join(testable)}, or gate it with --significance off")
+    if significance is not None:  # a run evaluated until decided: the design's own tests
+        for kind in sorted({evidence_of(e).kind for e in entries} & {Evidence.ANYTIME, Evidence.GROUP}):
+            tested_here = names(lambda m, kind=kind: kind in m.tests)
+            if t.metric not in tested_here:
+                raise GateError(f"--fail-on {t.expr!r}: {t.metric} has no {kind} test on a run evaluated until "
+                                f"decided; use one of {', '.join(tested_here)}")
     if not any(value(e, t.metric) is not None or t.metric in e or (t.metric == "acc_drop" and "old_acc" in e)
                for e in entries):
         raise GateError(f"--fail-on {t.expr!r}: no matched task reports {t.metric} (excess_nfr needs replicate "

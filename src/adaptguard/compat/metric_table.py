@@ -63,6 +63,11 @@ class Metric:
         if self.tests & {ANYTIME, GROUP} and (self.per_item is None or self.unit is Unit.SCORE):
             raise ValueError(f"metric {self.name!r}: an anytime or group-sequential test needs a rate or a difference "
                              "of the paired answers (per_item)")
+        # a rate's tests follow from its counts; a difference's are its own (McNemar and Tango for the accuracy drop,
+        # the run-level test for the excess NFR): another needs its case in compat/evidence
+        if self.unit is Unit.DIFFERENCE and self.tests and self.name not in ("acc_drop", "excess_nfr"):
+            raise ValueError(f"metric {self.name!r}: the tests of a difference are acc_drop's and excess_nfr's; "
+                             "another difference needs its own case in compat/evidence")
 
     @property
     def can_flip(self) -> str | None:

@@ -10,7 +10,7 @@ Each metric has one one-sided test per kind, so the same test says whether a thr
 
 - one run per side: rates of items (`nfr`, `pfr`, `btc`, the accuracies, ...: `metric_table`) by the exact binomial
   test on the item counts; `acc_drop` (= old_acc − new_acc) by the exact McNemar test against 0 and the exact
-  unconditional score test against a margin (`metrics.paired_drop_p`); sizes ≤ α at every n (docs/compat.md);
+  unconditional score test against a margin (`paired_drop.paired_drop_p`); sizes ≤ α at every n (docs/compat.md);
 - replicate runs on a side: `nfr`, `excess_nfr` (NFR beyond the noise floor of reruns) and `acc_drop` by a t-test on
   the run-level standard error (runs and items, `replicates.replicate_flips`), and never more than the item-level
   exact test on the same items claims (the per-item means over run pairs, counted toward the null): identical reruns

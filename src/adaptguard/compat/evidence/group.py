@@ -133,8 +133,9 @@ class GroupSequential(OneRun):
 
 def _certain(entry, metric: str, theta: float, greater: bool, alpha: float, x: dict) -> bool:
     """Deterministic curtailment: whether `compare`'s fixed-n test on all N items rejects on this side whatever the
-    items not yet evaluated hold (their least favourable answers: every old-right item left kept, every old-wrong
-    one fixed, for a breach of "> θ"). It adds nothing to the size."""
+    items not yet evaluated hold (their least favourable answers, per stratum the new answer that moves the metric
+    least toward this side: for a breach of `acc_drop > θ` every old-right item left kept and every old-wrong one
+    fixed, for `new_acc > θ` the opposite). It adds nothing to the size."""
     s = entry["sequential"]
     big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
     weights = METRICS[metric].cell_weights()

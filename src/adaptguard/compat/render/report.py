@@ -102,9 +102,11 @@ def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]
     if compat:
         header += ["ΔNFR_c", "Δ%NFR_c"]
     # a row of the metric table whose column the table lacks: its own column, where some task has its value
-    more = [m for m in METRICS.values() if m.column and m.column not in header
-            and any(e.get(m.name) is not None for e in report.tasks.values())]
-    header += list(dict.fromkeys(m.column for m in more))
+    more: dict[str, list] = {}  # column → its rows (a column may show one of several metrics, as ΔNFR_c does)
+    for m in METRICS.values():
+        if m.column and m.column not in header and any(e.get(m.name) is not None for e in report.tasks.values()):
+            more.setdefault(m.column, []).append(m)
+    header += list(more)
     breached = {(b.task, b.metric) for b in report.gate.of_kind(Decision.BREACH)} if report.gate else set()
     rows = []
     for name, e in report.tasks.items():
@@ -130,7 +132,9 @@ def table_rows(report: Comparison | Mapping) -> tuple[list[str], list[list[str]]
         if compat:
             key = "delta_nfr" if "delta_nfr" in e else "delta_smooth_nfr"
             row += [pct(e.get(key)), _fmt(e.get(f"{key}_pct"))]
-        row += [pct(e.get(m.name)) if m.in_rate_units else _fmt(e.get(m.name)) for m in more]
+        for rows_of_column in more.values():  # the first of the column's metrics the task has
+            m = next((m for m in rows_of_column if e.get(m.name) is not None), rows_of_column[0])
+            row.append(pct(e.get(m.name)) if m.in_rate_units else _fmt(e.get(m.name)))
         for task, metric in breached:
             column = METRICS[metric].column if metric in METRICS else None
             if task == name and column in header:

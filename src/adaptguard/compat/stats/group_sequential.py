@@ -253,17 +253,22 @@ def full_entry(entry: Mapping, last: dict) -> dict:
 def group_estimate(entry: Mapping, metric: str) -> float | None:
     """The metric over all N items as estimated at the last look (each stratum's rate so far times its known size;
     exact once the strata it needs are done); None where a stratum it needs has no item yet."""
+    from fractions import Fraction
+
     from ..metric_table import METRICS, Unit
 
     s = entry["sequential"]
     big_n, m_r, m_w = s["items"], s["strata"]["R"], s["strata"]["W"]
     x = group_looks(entry)[-1] if s["looks"] else {"n_r": 0, "n_w": 0, "b": 0, "c": 0}
-    flips = x["b"] / x["n_r"] * m_r if x["n_r"] else (0.0 if m_r == 0 else None)
-    fixes = x["c"] / x["n_w"] * m_w if x["n_w"] else (0.0 if m_w == 0 else None)
+    # each stratum's flips so far scaled to its size, exactly (the value is rounded once, at the end: an estimate
+    # of exactly 80 % is 0.8, so a raw comparison with `btc<80%` finds it at the threshold)
+    flips = Fraction(x["b"] * m_r, x["n_r"]) if x["n_r"] else (Fraction(0) if m_r == 0 else None)
+    fixes = Fraction(x["c"] * m_w, x["n_w"]) if x["n_w"] else (Fraction(0) if m_w == 0 else None)
     row = METRICS[metric]
     if "R" in row.can_flip and flips is None or "W" in row.can_flip and fixes is None:
         return None
-    (tt, counted), (tf, _), (ft, _), (ff, counted_w) = row.cell_weights()
+    (tt, counted), (tf, _), (ft, _), (ff, counted_w) = (
+        (Fraction(v), over) for v, over in row.cell_weights())
     # every old-right item counts as kept and every old-wrong one as not fixed, then the flips and fixes move them
     k = tt * m_r * counted + ff * m_w * counted_w
     if "R" in row.can_flip:
@@ -271,7 +276,7 @@ def group_estimate(entry: Mapping, metric: str) -> float | None:
     if "W" in row.can_flip:
         k += (ft - ff) * fixes
     m = row.from_cells((m_r, 0, m_w, 0))[1] if row.unit is Unit.RATE else big_n
-    return k / m if m else None
+    return float(k / m) if m else None
 
 
 def rate_side(entry: Mapping, metric: str, theta: float, greater: bool, alpha: float, looks: list[dict]):

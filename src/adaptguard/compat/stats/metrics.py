@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..metric_table import METRICS
+
 # S(predictions (N,), references (N lists)) -> N floats, higher = more similar
 Similarity = Callable[[list[str], list[list[str]]], Sequence[float]]
 
@@ -102,8 +104,8 @@ def exact_rate_ci(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 
 def flip_indicators(old_correct, new_correct, old_pred=None, new_pred=None) -> dict[str, np.ndarray]:
-    """Per-item flips (Echterhoff et al. §3.1), the one implementation behind `flip_metrics`, `compare` and the
-    in-harness `compat_*` tasks.
+    """Per-item flips (Echterhoff et al. §3.1) for `flip_metrics` and the in-harness `compat_*` tasks: NFR's and PFR's
+    by their rows' `per_item` (`metric_table`, the one formula of each, which `compare` and `evaluate` read too).
 
     Args:
         old_correct, new_correct: (N,) booleans, whether each model got item i right.
@@ -116,7 +118,7 @@ def flip_indicators(old_correct, new_correct, old_pred=None, new_pred=None) -> d
     new = _as_bool("new_correct", new_correct)
     if len(old) != len(new):
         raise ValueError(f"old_correct has {len(old)} items but new_correct has {len(new)}")
-    out = {"nfr": old & ~new, "pfr": ~old & new}
+    out = {k: np.asarray(METRICS[k].per_item(old, new), bool) for k in ("nfr", "pfr")}
     if (old_pred is None) != (new_pred is None):
         raise ValueError("give both old_pred and new_pred, or neither")
     if old_pred is not None:
@@ -128,11 +130,9 @@ def flip_indicators(old_correct, new_correct, old_pred=None, new_pred=None) -> d
 
 
 def btc(old_correct, new_correct) -> float | None:
-    """BTC = #{old right ∧ new right} / #{old right}; None when the old model is never right."""
-    old = _as_bool("old_correct", old_correct)
-    new = _as_bool("new_correct", new_correct)
-    n_old_right = int(old.sum())
-    return float((old & new).sum() / n_old_right) if n_old_right else None
+    """BTC = #{old right ∧ new right} / #{old right}; None when the old model is never right (its row's formula,
+    `metric_table`)."""
+    return METRICS["btc"].value_of(_as_bool("old_correct", old_correct), _as_bool("new_correct", new_correct))
 
 
 def flip_metrics(old_correct, new_correct, old_pred=None, new_pred=None, *, n_boot: int = 2000,
