@@ -106,7 +106,8 @@ class Threshold:
 
 def _check(t: Threshold, entries: list[Mapping], significance: float | None) -> None:
     """Refuse a threshold that cannot be applied to the matched entries (GateError, exit status 2)."""
-    is_replicated = any(evidence_of(e).kind is Evidence.REPLICATES for e in entries)
+    kinds = {evidence_of(e).kind for e in entries}
+    is_replicated = Evidence.REPLICATES in kinds
     if t.metric == "excess_nfr" and not is_replicated:
         raise GateError(f"--fail-on {t.expr!r}: excess_nfr needs replicate runs on a side (OLD or NEW as "
                         f"RUN1,RUN2,...): with one run each, nothing measures the noise floor of reruns")
@@ -117,8 +118,7 @@ def _check(t: Threshold, entries: list[Mapping], significance: float | None) -> 
             raise GateError(f"--fail-on {t.expr!r}: {t.metric} has no significance test"
                             + (" over replicate runs" if is_replicated else "")
                             + f"; use one of {', '.join(testable)}, or gate it with --significance off")
-    if significance is not None:  # a run evaluated until decided: the design's own tests
-        for kind in sorted({evidence_of(e).kind for e in entries} & {Evidence.ANYTIME, Evidence.GROUP}):
+        for kind in sorted(kinds & {Evidence.ANYTIME, Evidence.GROUP}):  # evaluated until decided: its design's tests
             tested_here = names(lambda m, kind=kind: kind in m.tests)
             if t.metric not in tested_here:
                 raise GateError(f"--fail-on {t.expr!r}: {t.metric} has no {kind} test on a run evaluated until "
