@@ -76,9 +76,8 @@ class Metric:
         cannot run it)."""
         if self.per_item is None:
             return None
-        weights = self.cell_weights()
-        moves = lambda a, b: weights[a] != weights[b]  # noqa: E731 -- the new answer changes the item's share
-        return "R" * moves(0, 1) + "W" * moves(2, 3)
+        w = self.cell_weights()  # a stratum can change it where its two cells (new right, new wrong) differ
+        return "R" * (w[0] != w[1]) + "W" * (w[2] != w[3])
 
     def cell_weights(self) -> list[tuple[float, bool]]:
         """(the item's value, whether the metric is over it) in each of `CELLS`."""
@@ -95,12 +94,8 @@ class Metric:
 
     def value_of(self, old_correct, new_correct) -> float | None:
         """Its value on paired answers (N,) (None where it is over no item): one run, or one pair of replicate runs."""
-        import numpy as np
-
-        old, new = np.asarray(old_correct, bool), np.asarray(new_correct, bool)
-        over = np.ones(len(old), bool) if self.over is None else np.asarray(self.over(old), bool)
-        m = int(over.sum())
-        return float(np.asarray(self.per_item(old, new))[over].sum() / m) if m else None
+        k, m = self.from_cells(cells_of(old_correct, new_correct))
+        return k / m if m else None
 
     def count(self, entry: Mapping) -> tuple[float, int]:
         """A rate's (successes, trials) in one run's entry: its declared counts, else its value times n."""
